@@ -1,0 +1,899 @@
+//! Workflow definitions as validated value objects (spec 001, DESIGN §2).
+//!
+//! A [`WorkflowDefinition`] cannot exist unless every rule holds: its
+//! constructor builds the dependency graph eagerly, so "forgot to force the
+//! graph" is not a state this type can be in.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::graph::{DependencyGraph, GraphError};
+
+/// The deepest JSON nesting a definition (or a task's config) may have.
+pub const MAX_NESTING: usize = 64;
+/// The most tasks one definition may declare.
+pub const MAX_TASKS: usize = 10_000;
+/// The largest definition body, in bytes, accepted wherever bytes are read.
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+/// The largest timeout or delay accepted, in seconds (a year).
+pub const MAX_SECONDS: f64 = 31_536_000.0;
+/// The most attempts a retry policy may allow.
+pub const MAX_ATTEMPTS: u32 = 1_000;
+/// The largest backoff multiplier accepted.
+pub const MAX_BACKOFF: f64 = 100.0;
+/// The default per-attempt timeout (decision 1).
+pub const DEFAULT_TIMEOUT_SECONDS: f64 = 30.0;
+
+/// A retry policy as written: every field optional, so the task's fields
+/// override the workflow defaults field by field.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySpec {
+    /// Total attempts allowed, the first included (≥ 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// Delay before the second attempt, in seconds (≥ 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_seconds: Option<f64>,
+    /// Multiplier applied per further attempt (≥ 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<f64>,
+    /// Upper bound on any one delay, in seconds (≥ 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_delay_seconds: Option<f64>,
+}
+
+/// The retry policy a task actually runs with (decision 1).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RetryPolicy {
+    /// Total attempts allowed, the first included.
+    pub max_attempts: u32,
+    /// Delay before the second attempt, in seconds.
+    pub delay_seconds: f64,
+    /// Multiplier applied per further attempt.
+    pub backoff: f64,
+    /// Upper bound on any one delay, in seconds.
+    pub max_delay_seconds: Option<f64>,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 1,
+            delay_seconds: 1.0,
+            backoff: 2.0,
+            max_delay_seconds: None,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Merges, field by field, the task's spec over the workflow's over the
+    /// built-in defaults.
+    pub fn resolve(task: Option<&RetrySpec>, workflow: Option<&RetrySpec>) -> Self {
+        let base = Self::default();
+        let pick = |f: fn(&RetrySpec) -> Option<f64>| task.and_then(f).or_else(|| workflow.and_then(f));
+        Self {
+            max_attempts: task
+                .and_then(|s| s.max_attempts)
+                .or_else(|| workflow.and_then(|s| s.max_attempts))
+                .unwrap_or(base.max_attempts),
+            delay_seconds: pick(|s| s.delay_seconds).unwrap_or(base.delay_seconds),
+            backoff: pick(|s| s.backoff).unwrap_or(base.backoff),
+            max_delay_seconds: pick(|s| s.max_delay_seconds),
+        }
+    }
+
+    /// The wait after failed attempt `attempt` (1-based):
+    /// `min(delay × backoff^(attempt−1), max_delay)`.
+    pub fn delay_after(&self, attempt: u32) -> Duration {
+        let exponent = i32::try_from(attempt.saturating_sub(1)).unwrap_or(i32::MAX);
+        let raw = self.delay_seconds * self.backoff.powi(exponent);
+        let capped = match self.max_delay_seconds {
+            Some(cap) => raw.min(cap),
+            None => raw,
+        };
+        // backoff^999 overflows to infinity (and 0 × ∞ is NaN); clamping
+        // keeps any policy, even a hand-built one, representable.
+        let secs = if capped.is_nan() { 0.0 } else { capped.clamp(0.0, MAX_SECONDS) };
+        Duration::from_secs_f64(secs)
+    }
+
+    /// Whether a failed attempt `attempt` gets another try, and after how
+    /// long. Permanent failures never retry (decision 1).
+    pub fn next_retry(&self, attempt: u32, permanent: bool) -> Option<Duration> {
+        (!permanent && attempt < self.max_attempts).then(|| self.delay_after(attempt))
+    }
+}
+
+/// Workflow-wide defaults, as written. Not folded into tasks.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Defaults {
+    /// Default per-attempt timeout, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<f64>,
+    /// Default retry policy fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetrySpec>,
+}
+
+/// One task as written in a definition document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskDocument {
+    /// Unique, non-blank key.
+    pub key: String,
+    /// The registered handler that runs it.
+    pub task_type: String,
+    /// Keys of the forward tasks it waits for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
+    /// Handler configuration: a JSON object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<Value>,
+    /// Per-attempt timeout in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<f64>,
+    /// Retry policy fields overriding the defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetrySpec>,
+    /// The forward task this one undoes, making it a compensator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compensate_for: Option<String>,
+}
+
+/// A definition document as written (after the shape check).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkflowDocument {
+    /// Non-blank name.
+    pub name: String,
+    /// Version, ≥ 1. (name, version) is immutable once published.
+    pub version: u32,
+    /// Free text; part of the fingerprint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Workflow-wide defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defaults: Option<Defaults>,
+    /// Forward tasks and compensators, in declaration order.
+    pub tasks: Vec<TaskDocument>,
+}
+
+/// A rule of spec 001 that a definition broke.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DefinitionError {
+    /// The workflow name is empty or whitespace.
+    #[error("workflow name must not be blank")]
+    BlankName,
+    /// The version is 0.
+    #[error("workflow version must be at least 1")]
+    InvalidVersion,
+    /// A task key is empty or whitespace.
+    #[error("task #{index} has a blank key")]
+    BlankKey {
+        /// Declaration index of the task.
+        index: usize,
+    },
+    /// A task type is empty or whitespace.
+    #[error("task '{task}' has a blank task_type")]
+    BlankTaskType {
+        /// The task.
+        task: String,
+    },
+    /// `config` is not a JSON object, or nests too deeply.
+    #[error("task '{task}': {problem}")]
+    InvalidConfig {
+        /// The task.
+        task: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A timeout or retry field is out of range.
+    #[error("{place}: {problem}")]
+    InvalidSetting {
+        /// The task (`None`: the workflow defaults).
+        task: Option<String>,
+        /// Where, for the message: "task 'x'" or "defaults".
+        place: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A graph rule (duplicate key, unknown/duplicate/self dependency, cycle).
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+    /// A forward task depends on a compensator, which is outside the DAG.
+    #[error("task '{task}' depends on compensation task '{dependency}'")]
+    DependsOnCompensator {
+        /// The forward task.
+        task: String,
+        /// The compensator it names.
+        dependency: String,
+    },
+    /// A compensator declares `depends_on`.
+    #[error("compensation task '{task}' must not declare depends_on")]
+    CompensatorHasDependencies {
+        /// The compensator.
+        task: String,
+    },
+    /// A compensator names itself.
+    #[error("compensation task '{task}' cannot compensate itself")]
+    CompensatesItself {
+        /// The compensator.
+        task: String,
+    },
+    /// A compensator names a key no forward task has.
+    #[error("compensation task '{task}' compensates unknown task '{target}'")]
+    CompensatesUnknown {
+        /// The compensator.
+        task: String,
+        /// The missing key.
+        target: String,
+    },
+    /// A compensator names another compensator.
+    #[error("compensation task '{task}' compensates '{target}', which is itself a compensation task")]
+    CompensatesCompensator {
+        /// The compensator.
+        task: String,
+        /// The compensator it names.
+        target: String,
+    },
+    /// Two compensators name the same forward task.
+    #[error("task '{target}' has two compensation tasks: '{first}' and '{task}'")]
+    DuplicateCompensator {
+        /// The second compensator.
+        task: String,
+        /// The forward task.
+        target: String,
+        /// The first compensator.
+        first: String,
+    },
+    /// No forward task at all (only compensators).
+    #[error("a workflow needs at least one task that is not a compensation task")]
+    NoForwardTasks,
+}
+
+impl DefinitionError {
+    /// The task the error names, if any.
+    pub fn task(&self) -> Option<&str> {
+        match self {
+            Self::BlankName | Self::InvalidVersion | Self::BlankKey { .. } | Self::NoForwardTasks => None,
+            Self::InvalidSetting { task, .. } => task.as_deref(),
+            Self::Graph(g) => Some(g.task()),
+            Self::BlankTaskType { task }
+            | Self::InvalidConfig { task, .. }
+            | Self::DependsOnCompensator { task, .. }
+            | Self::CompensatorHasDependencies { task }
+            | Self::CompensatesItself { task }
+            | Self::CompensatesUnknown { task, .. }
+            | Self::CompensatesCompensator { task, .. }
+            | Self::DuplicateCompensator { task, .. } => Some(task),
+        }
+    }
+}
+
+/// A [`DefinitionError`] with the declaration index of the task it names,
+/// so a report can point at `$.tasks[i]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocatedError {
+    /// Declaration index of the task (`None`: the workflow itself).
+    pub index: Option<usize>,
+    /// The rule that was broken.
+    pub error: DefinitionError,
+}
+
+impl LocatedError {
+    /// The JSONPath of the offending element: `$.tasks[i]` or `$`.
+    pub fn path(&self) -> String {
+        match self.index {
+            Some(i) => format!("$.tasks[{i}]"),
+            None => "$".to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for LocatedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path(), self.error)
+    }
+}
+
+/// Every rule a definition broke, in declaration order.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct DefinitionErrors(pub Vec<LocatedError>);
+
+impl fmt::Display for DefinitionErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for e in &self.0 {
+            if !first {
+                f.write_str("; ")?;
+            }
+            first = false;
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One validated task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskDefinition {
+    doc: TaskDocument,
+    config: Map<String, Value>,
+}
+
+impl TaskDefinition {
+    /// Validates one task on its own: non-blank key and type, unique
+    /// `depends_on`, object config within the nesting limit, sane numbers.
+    pub fn new(doc: TaskDocument) -> Result<Self, Vec<DefinitionError>> {
+        let mut errors = Vec::new();
+        let task = doc.key.clone();
+        if doc.key.trim().is_empty() {
+            errors.push(DefinitionError::BlankKey { index: 0 });
+        }
+        if doc.task_type.trim().is_empty() {
+            errors.push(DefinitionError::BlankTaskType { task: task.clone() });
+        }
+        let mut seen = std::collections::HashSet::new();
+        for dep in &doc.depends_on {
+            if !seen.insert(dep.as_str()) {
+                errors.push(GraphError::DuplicateDependency {
+                    task: task.clone(),
+                    dependency: dep.clone(),
+                }
+                .into());
+            }
+        }
+        let config = match doc.config.clone() {
+            None => Map::new(),
+            Some(Value::Object(map)) => {
+                if depth(&Value::Object(map.clone())) > MAX_NESTING {
+                    errors.push(DefinitionError::InvalidConfig {
+                        task: task.clone(),
+                        problem: format!("config nests deeper than {MAX_NESTING} levels"),
+                    });
+                }
+                map
+            }
+            Some(other) => {
+                errors.push(DefinitionError::InvalidConfig {
+                    task: task.clone(),
+                    problem: format!("config must be a JSON object, not {}", json_kind(&other)),
+                });
+                Map::new()
+            }
+        };
+        let place = format!("task '{task}'");
+        check_settings(Some(&task), &place, doc.timeout_seconds, doc.retry.as_ref(), &mut errors);
+        if errors.is_empty() {
+            Ok(Self { doc, config })
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// A task of type `task_type` with no dependencies and an empty config.
+    pub fn simple(key: &str, task_type: &str) -> Result<Self, Vec<DefinitionError>> {
+        Self::new(TaskDocument {
+            key: key.to_owned(),
+            task_type: task_type.to_owned(),
+            depends_on: Vec::new(),
+            config: None,
+            timeout_seconds: None,
+            retry: None,
+            compensate_for: None,
+        })
+    }
+
+    /// The task's key.
+    pub fn key(&self) -> &str {
+        &self.doc.key
+    }
+    /// The handler type that runs it.
+    pub fn task_type(&self) -> &str {
+        &self.doc.task_type
+    }
+    /// Its direct dependencies, as written.
+    pub fn depends_on(&self) -> &[String] {
+        &self.doc.depends_on
+    }
+    /// Its config (empty when absent).
+    pub fn config(&self) -> &Map<String, Value> {
+        &self.config
+    }
+    /// The timeout as written.
+    pub fn timeout_seconds(&self) -> Option<f64> {
+        self.doc.timeout_seconds
+    }
+    /// The retry fields as written.
+    pub fn retry(&self) -> Option<&RetrySpec> {
+        self.doc.retry.as_ref()
+    }
+    /// The forward task it compensates, if it is a compensator.
+    pub fn compensate_for(&self) -> Option<&str> {
+        self.doc.compensate_for.as_deref()
+    }
+    /// Whether it is a compensator (outside the forward DAG).
+    pub fn is_compensator(&self) -> bool {
+        self.doc.compensate_for.is_some()
+    }
+    /// The task as written.
+    pub fn document(&self) -> &TaskDocument {
+        &self.doc
+    }
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The nesting depth of a JSON value (a scalar is 0, `{}` is 1), computed
+/// without recursion.
+pub fn depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((v, d)) = stack.pop() {
+        match v {
+            Value::Array(items) => {
+                deepest = deepest.max(d + 1);
+                stack.extend(items.iter().map(|i| (i, d + 1)));
+            }
+            Value::Object(map) => {
+                deepest = deepest.max(d + 1);
+                stack.extend(map.values().map(|i| (i, d + 1)));
+            }
+            _ => {}
+        }
+    }
+    deepest
+}
+
+fn check_settings(
+    task: Option<&str>,
+    place: &str,
+    timeout: Option<f64>,
+    retry: Option<&RetrySpec>,
+    errors: &mut Vec<DefinitionError>,
+) {
+    let mut bad = |problem: String| {
+        errors.push(DefinitionError::InvalidSetting {
+            task: task.map(str::to_owned),
+            place: place.to_owned(),
+            problem,
+        });
+    };
+    if let Some(t) = timeout
+        && !(t > 0.0 && t <= MAX_SECONDS)
+    {
+        bad(format!("timeout_seconds must be in (0, {MAX_SECONDS}], not {t}"));
+    }
+    if let Some(r) = retry {
+        if let Some(n) = r.max_attempts
+            && !(1..=MAX_ATTEMPTS).contains(&n)
+        {
+            bad(format!("retry.max_attempts must be in [1, {MAX_ATTEMPTS}], not {n}"));
+        }
+        for (name, value, min, max) in [
+            ("delay_seconds", r.delay_seconds, 0.0, MAX_SECONDS),
+            ("backoff", r.backoff, 1.0, MAX_BACKOFF),
+            ("max_delay_seconds", r.max_delay_seconds, 0.0, MAX_SECONDS),
+        ] {
+            if let Some(v) = value
+                && !(v >= min && v <= max)
+            {
+                bad(format!("retry.{name} must be in [{min}, {max}], not {v}"));
+            }
+        }
+    }
+}
+
+/// A validated workflow definition: forward DAG plus compensators.
+#[derive(Debug, Clone)]
+pub struct WorkflowDefinition {
+    name: String,
+    version: u32,
+    description: String,
+    defaults: Defaults,
+    tasks: Vec<TaskDefinition>,
+    by_key: HashMap<String, usize>,
+    graph: DependencyGraph,
+    /// forward key → index of its compensator in `tasks`.
+    compensators: BTreeMap<String, usize>,
+}
+
+impl PartialEq for WorkflowDefinition {
+    fn eq(&self, other: &Self) -> bool {
+        self.document() == other.document()
+    }
+}
+
+impl WorkflowDefinition {
+    /// Validates a whole document: every per-task rule, then the graph and
+    /// compensation rules. Returns every error found, located.
+    pub fn from_document(doc: WorkflowDocument) -> Result<Self, DefinitionErrors> {
+        let mut errors = Vec::new();
+        if doc.name.trim().is_empty() {
+            errors.push(LocatedError {
+                index: None,
+                error: DefinitionError::BlankName,
+            });
+        }
+        if doc.version == 0 {
+            errors.push(LocatedError {
+                index: None,
+                error: DefinitionError::InvalidVersion,
+            });
+        }
+        if let Some(d) = &doc.defaults {
+            let mut found = Vec::new();
+            check_settings(None, "defaults", d.timeout_seconds, d.retry.as_ref(), &mut found);
+            errors.extend(found.into_iter().map(|error| LocatedError { index: None, error }));
+        }
+        let mut tasks = Vec::with_capacity(doc.tasks.len());
+        for (index, t) in doc.tasks.into_iter().enumerate() {
+            match TaskDefinition::new(t) {
+                Ok(t) => tasks.push(t),
+                Err(es) => errors.extend(es.into_iter().map(|error| LocatedError {
+                    index: Some(index),
+                    error: match error {
+                        DefinitionError::BlankKey { .. } => DefinitionError::BlankKey { index },
+                        other => other,
+                    },
+                })),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(DefinitionErrors(errors));
+        }
+        Self::new(
+            doc.name,
+            doc.version,
+            doc.description.unwrap_or_default(),
+            doc.defaults.unwrap_or_default(),
+            tasks,
+        )
+    }
+
+    /// Assembles validated tasks into a definition, checking the rules that
+    /// span tasks: unique keys, known and acyclic dependencies, compensators.
+    pub fn new(
+        name: String,
+        version: u32,
+        description: String,
+        defaults: Defaults,
+        tasks: Vec<TaskDefinition>,
+    ) -> Result<Self, DefinitionErrors> {
+        let mut errors = Vec::new();
+        let at = |index: usize, error: DefinitionError| LocatedError {
+            index: Some(index),
+            error,
+        };
+        if name.trim().is_empty() {
+            errors.push(LocatedError { index: None, error: DefinitionError::BlankName });
+        }
+        if version == 0 {
+            errors.push(LocatedError { index: None, error: DefinitionError::InvalidVersion });
+        }
+        let mut by_key: HashMap<String, usize> = HashMap::with_capacity(tasks.len());
+        for (i, t) in tasks.iter().enumerate() {
+            if by_key.contains_key(t.key()) {
+                errors.push(at(i, GraphError::DuplicateKey(t.key().to_owned()).into()));
+            } else {
+                by_key.insert(t.key().to_owned(), i);
+            }
+        }
+        let is_comp = |key: &str| by_key.get(key).is_some_and(|&i| tasks[i].is_compensator());
+        let mut compensators: BTreeMap<String, usize> = BTreeMap::new();
+        for (i, t) in tasks.iter().enumerate() {
+            if let Some(target) = t.compensate_for() {
+                let task = t.key().to_owned();
+                if !t.depends_on().is_empty() {
+                    errors.push(at(i, DefinitionError::CompensatorHasDependencies { task: task.clone() }));
+                }
+                if target == t.key() {
+                    errors.push(at(i, DefinitionError::CompensatesItself { task }));
+                } else if !by_key.contains_key(target) {
+                    errors.push(at(i, DefinitionError::CompensatesUnknown { task, target: target.to_owned() }));
+                } else if is_comp(target) {
+                    errors.push(at(i, DefinitionError::CompensatesCompensator { task, target: target.to_owned() }));
+                } else if let Some(&first) = compensators.get(target) {
+                    errors.push(at(
+                        i,
+                        DefinitionError::DuplicateCompensator {
+                            task,
+                            target: target.to_owned(),
+                            first: tasks[first].key().to_owned(),
+                        },
+                    ));
+                } else {
+                    compensators.insert(target.to_owned(), i);
+                }
+            } else {
+                for dep in t.depends_on() {
+                    if dep == t.key() {
+                        errors.push(at(i, GraphError::SelfDependency(t.key().to_owned()).into()));
+                    } else if is_comp(dep) {
+                        errors.push(at(
+                            i,
+                            DefinitionError::DependsOnCompensator {
+                                task: t.key().to_owned(),
+                                dependency: dep.clone(),
+                            },
+                        ));
+                    } else if !by_key.contains_key(dep) {
+                        errors.push(at(
+                            i,
+                            GraphError::UnknownDependency {
+                                task: t.key().to_owned(),
+                                dependency: dep.clone(),
+                            }
+                            .into(),
+                        ));
+                    }
+                }
+            }
+        }
+        if !tasks.iter().any(|t| !t.is_compensator()) {
+            errors.push(LocatedError { index: None, error: DefinitionError::NoForwardTasks });
+        }
+        if !errors.is_empty() {
+            return Err(DefinitionErrors(errors));
+        }
+        let forward = tasks
+            .iter()
+            .filter(|t| !t.is_compensator())
+            .map(|t| (t.key(), t.depends_on().iter().map(String::as_str)));
+        let graph = DependencyGraph::new(forward).map_err(|e| {
+            let index = by_key.get(e.task()).copied();
+            DefinitionErrors(vec![LocatedError { index, error: e.into() }])
+        })?;
+        Ok(Self {
+            name,
+            version,
+            description,
+            defaults,
+            tasks,
+            by_key,
+            graph,
+            compensators,
+        })
+    }
+
+    /// The workflow's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Its version.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+    /// Its description (empty when absent).
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+    /// Its defaults as written.
+    pub fn defaults(&self) -> &Defaults {
+        &self.defaults
+    }
+    /// Every task, forward and compensators, in declaration order.
+    pub fn tasks(&self) -> &[TaskDefinition] {
+        &self.tasks
+    }
+    /// The forward tasks, in declaration order.
+    pub fn forward_tasks(&self) -> impl Iterator<Item = &TaskDefinition> {
+        self.tasks.iter().filter(|t| !t.is_compensator())
+    }
+    /// The task with this key (forward or compensator).
+    pub fn task(&self, key: &str) -> Option<&TaskDefinition> {
+        self.by_key.get(key).map(|&i| &self.tasks[i])
+    }
+    /// The declaration index of a task (for JSONPaths).
+    pub fn index_of(&self, key: &str) -> Option<usize> {
+        self.by_key.get(key).copied()
+    }
+    /// The forward DAG.
+    pub fn graph(&self) -> &DependencyGraph {
+        &self.graph
+    }
+    /// The compensator of forward task `key`, if any.
+    pub fn compensator_of(&self, key: &str) -> Option<&TaskDefinition> {
+        self.compensators.get(key).map(|&i| &self.tasks[i])
+    }
+    /// `(forward key, compensator)` pairs, by forward key.
+    pub fn compensators(&self) -> impl Iterator<Item = (&str, &TaskDefinition)> {
+        self.compensators.iter().map(|(k, &i)| (k.as_str(), &self.tasks[i]))
+    }
+
+    /// The effective retry policy of `task` (decision 1).
+    pub fn retry_policy(&self, task: &TaskDefinition) -> RetryPolicy {
+        RetryPolicy::resolve(task.retry(), self.defaults.retry.as_ref())
+    }
+
+    /// The effective per-attempt timeout of `task`.
+    pub fn timeout(&self, task: &TaskDefinition) -> Duration {
+        let secs = task
+            .timeout_seconds()
+            .or(self.defaults.timeout_seconds)
+            .unwrap_or(DEFAULT_TIMEOUT_SECONDS);
+        Duration::from_secs_f64(secs)
+    }
+
+    /// The definition as a document, exactly as it would be written back.
+    pub fn document(&self) -> WorkflowDocument {
+        WorkflowDocument {
+            name: self.name.clone(),
+            version: self.version,
+            description: (!self.description.is_empty()).then(|| self.description.clone()),
+            defaults: (self.defaults != Defaults::default()).then(|| self.defaults.clone()),
+            tasks: self.tasks.iter().map(|t| t.doc.clone()).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn doc(v: Value) -> WorkflowDocument {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn errors(v: Value) -> Vec<(String, String)> {
+        WorkflowDefinition::from_document(doc(v))
+            .unwrap_err()
+            .0
+            .into_iter()
+            .map(|e| (e.path(), e.error.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_valid_definition_exposes_its_parts() {
+        let d = WorkflowDefinition::from_document(doc(json!({
+            "name": "etl", "version": 3,
+            "defaults": {"timeout_seconds": 5, "retry": {"max_attempts": 3}},
+            "tasks": [
+                {"key": "extract", "task_type": "noop"},
+                {"key": "load", "task_type": "noop", "depends_on": ["extract"],
+                 "retry": {"delay_seconds": 0.5}, "timeout_seconds": 1},
+                {"key": "undo", "task_type": "noop", "compensate_for": "extract"}
+            ]
+        })))
+        .unwrap();
+        assert_eq!(d.graph().topological_order(), ["extract", "load"]);
+        assert_eq!(d.compensator_of("extract").map(TaskDefinition::key), Some("undo"));
+        let load = d.task("load").unwrap();
+        let p = d.retry_policy(load);
+        assert_eq!((p.max_attempts, p.delay_seconds, p.backoff), (3, 0.5, 2.0));
+        assert_eq!(d.timeout(load), Duration::from_secs(1));
+        assert_eq!(d.timeout(d.task("extract").unwrap()), Duration::from_secs(5));
+        assert_eq!(d.forward_tasks().count(), 2);
+    }
+
+    #[test]
+    fn per_task_rules_name_the_task_and_its_index() {
+        assert_eq!(
+            errors(json!({"name": "w", "version": 1, "tasks": [
+                {"key": "a", "task_type": "noop"},
+                {"key": "b", "task_type": " ", "depends_on": ["a", "a"], "config": [1]}
+            ]})),
+            vec![
+                ("$.tasks[1]".into(), "task 'b' has a blank task_type".into()),
+                ("$.tasks[1]".into(), "task 'b' lists dependency 'a' more than once".into()),
+                ("$.tasks[1]".into(), "task 'b': config must be a JSON object, not an array".into()),
+            ]
+        );
+        assert_eq!(
+            errors(json!({"name": "w", "version": 1, "tasks": [{"key": "  ", "task_type": "noop"}]})),
+            vec![("$.tasks[0]".into(), "task #0 has a blank key".into())]
+        );
+    }
+
+    #[test]
+    fn graph_rules_point_at_the_task() {
+        assert_eq!(
+            errors(json!({"name": "w", "version": 1, "tasks": [
+                {"key": "a", "task_type": "noop"},
+                {"key": "a", "task_type": "noop"},
+                {"key": "load", "task_type": "noop", "depends_on": ["ghost"]}
+            ]})),
+            vec![
+                ("$.tasks[1]".into(), "duplicate task key 'a'".into()),
+                ("$.tasks[2]".into(), "task 'load' depends on unknown task 'ghost'".into()),
+            ]
+        );
+        assert_eq!(
+            errors(json!({"name": "w", "version": 1, "tasks": [
+                {"key": "b", "task_type": "noop", "depends_on": ["a"]},
+                {"key": "a", "task_type": "noop", "depends_on": ["b"]}
+            ]})),
+            vec![("$.tasks[1]".into(), "dependency cycle detected: a -> b -> a".into())]
+        );
+    }
+
+    #[test]
+    fn compensation_rules() {
+        let e = errors(json!({"name": "w", "version": 1, "tasks": [
+            {"key": "a", "task_type": "noop"},
+            {"key": "b", "task_type": "noop", "depends_on": ["c1"]},
+            {"key": "c1", "task_type": "noop", "compensate_for": "a", "depends_on": ["a"]},
+            {"key": "c2", "task_type": "noop", "compensate_for": "c2"},
+            {"key": "c3", "task_type": "noop", "compensate_for": "ghost"},
+            {"key": "c4", "task_type": "noop", "compensate_for": "c1"},
+            {"key": "c5", "task_type": "noop", "compensate_for": "a"}
+        ]}));
+        assert_eq!(
+            e,
+            vec![
+                ("$.tasks[1]".into(), "task 'b' depends on compensation task 'c1'".into()),
+                ("$.tasks[2]".into(), "compensation task 'c1' must not declare depends_on".into()),
+                ("$.tasks[3]".into(), "compensation task 'c2' cannot compensate itself".into()),
+                ("$.tasks[4]".into(), "compensation task 'c3' compensates unknown task 'ghost'".into()),
+                (
+                    "$.tasks[5]".into(),
+                    "compensation task 'c4' compensates 'c1', which is itself a compensation task".into()
+                ),
+                ("$.tasks[6]".into(), "task 'a' has two compensation tasks: 'c1' and 'c5'".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn settings_out_of_range_are_refused() {
+        let e = errors(json!({"name": "w", "version": 1,
+            "defaults": {"retry": {"backoff": 0.5}},
+            "tasks": [{"key": "a", "task_type": "noop", "timeout_seconds": 0, "retry": {"max_attempts": 0}}]}));
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert_eq!(e[0].0, "$");
+    }
+
+    #[test]
+    fn config_nesting_is_limited() {
+        let mut deep = json!({});
+        for _ in 0..MAX_NESTING {
+            deep = json!({ "x": deep });
+        }
+        let e = errors(json!({"name": "w", "version": 1, "tasks": [{"key": "a", "task_type": "noop", "config": deep}]}));
+        assert!(e[0].1.contains("deeper than 64"), "{e:?}");
+    }
+
+    #[test]
+    fn retry_delays_back_off_and_cap() {
+        let p = RetryPolicy {
+            max_attempts: 5,
+            delay_seconds: 1.0,
+            backoff: 2.0,
+            max_delay_seconds: Some(5.0),
+        };
+        let delays: Vec<f64> = (1..=5).map(|k| p.delay_after(k).as_secs_f64()).collect();
+        assert_eq!(delays, [1.0, 2.0, 4.0, 5.0, 5.0]);
+        assert_eq!(p.next_retry(4, false), Some(Duration::from_secs(5)));
+        assert_eq!(p.next_retry(5, false), None);
+        assert_eq!(p.next_retry(1, true), None);
+        let d = RetryPolicy::default();
+        assert_eq!((d.max_attempts, d.delay_seconds, d.backoff, d.max_delay_seconds), (1, 1.0, 2.0, None));
+        assert_eq!(d.next_retry(1, false), None);
+    }
+
+    #[test]
+    fn documents_round_trip() {
+        let v = json!({"name": "w", "version": 2, "description": "d",
+            "tasks": [{"key": "a", "task_type": "echo", "config": {"x": 1}}]});
+        let d = WorkflowDefinition::from_document(doc(v.clone())).unwrap();
+        assert_eq!(serde_json::to_value(d.document()).unwrap(), v);
+    }
+}

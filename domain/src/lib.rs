@@ -1,0 +1,26 @@
+//! FlowForge's pure rules: the two state machines, definitions and their
+//! validation, the dependency graph, the fingerprint, run-state derivation,
+//! retry policy and compensation order.
+//!
+//! Nothing here performs I/O, reads a clock, draws a random number or runs
+//! async code: time and ids come in as arguments. `cargo xtask check-deps`
+//! and `cargo deny` enforce that over the whole dependency graph.
+
+pub mod derive;
+pub mod definition;
+pub mod fingerprint;
+pub mod graph;
+pub mod machine;
+pub mod schema;
+pub mod state;
+
+pub use definition::{
+    Defaults, DefinitionError, DefinitionErrors, LocatedError, RetryPolicy, RetrySpec, TaskDefinition,
+    TaskDocument, WorkflowDefinition, WorkflowDocument,
+};
+pub use graph::{DependencyGraph, GraphError};
+pub use machine::{MachineError, StateMachine, Transition};
+pub use state::{
+    CancelReason, RunState, RunTransition, TaskRunState, TaskTransition, initial_task_run_state, run_machine,
+    task_machine,
+};
