@@ -99,7 +99,11 @@ impl RetryPolicy {
         };
         // backoff^999 overflows to infinity (and 0 × ∞ is NaN); clamping
         // keeps any policy, even a hand-built one, representable.
-        let secs = if capped.is_nan() { 0.0 } else { capped.clamp(0.0, MAX_SECONDS) };
+        let secs = if capped.is_nan() {
+            0.0
+        } else {
+            capped.clamp(0.0, MAX_SECONDS)
+        };
         Duration::from_secs_f64(secs)
     }
 
@@ -343,11 +347,13 @@ impl TaskDefinition {
         let mut seen = std::collections::HashSet::new();
         for dep in &doc.depends_on {
             if !seen.insert(dep.as_str()) {
-                errors.push(GraphError::DuplicateDependency {
-                    task: task.clone(),
-                    dependency: dep.clone(),
-                }
-                .into());
+                errors.push(
+                    GraphError::DuplicateDependency {
+                        task: task.clone(),
+                        dependency: dep.clone(),
+                    }
+                    .into(),
+                );
             }
         }
         let config = match doc.config.clone() {
@@ -370,7 +376,13 @@ impl TaskDefinition {
             }
         };
         let place = format!("task '{task}'");
-        check_settings(Some(&task), &place, doc.timeout_seconds, doc.retry.as_ref(), &mut errors);
+        check_settings(
+            Some(&task),
+            &place,
+            doc.timeout_seconds,
+            doc.retry.as_ref(),
+            &mut errors,
+        );
         if errors.is_empty() {
             Ok(Self { doc, config })
         } else {
@@ -582,10 +594,16 @@ impl WorkflowDefinition {
             error,
         };
         if name.trim().is_empty() {
-            errors.push(LocatedError { index: None, error: DefinitionError::BlankName });
+            errors.push(LocatedError {
+                index: None,
+                error: DefinitionError::BlankName,
+            });
         }
         if version == 0 {
-            errors.push(LocatedError { index: None, error: DefinitionError::InvalidVersion });
+            errors.push(LocatedError {
+                index: None,
+                error: DefinitionError::InvalidVersion,
+            });
         }
         let mut by_key: HashMap<String, usize> = HashMap::with_capacity(tasks.len());
         for (i, t) in tasks.iter().enumerate() {
@@ -601,14 +619,29 @@ impl WorkflowDefinition {
             if let Some(target) = t.compensate_for() {
                 let task = t.key().to_owned();
                 if !t.depends_on().is_empty() {
-                    errors.push(at(i, DefinitionError::CompensatorHasDependencies { task: task.clone() }));
+                    errors.push(at(
+                        i,
+                        DefinitionError::CompensatorHasDependencies { task: task.clone() },
+                    ));
                 }
                 if target == t.key() {
                     errors.push(at(i, DefinitionError::CompensatesItself { task }));
                 } else if !by_key.contains_key(target) {
-                    errors.push(at(i, DefinitionError::CompensatesUnknown { task, target: target.to_owned() }));
+                    errors.push(at(
+                        i,
+                        DefinitionError::CompensatesUnknown {
+                            task,
+                            target: target.to_owned(),
+                        },
+                    ));
                 } else if is_comp(target) {
-                    errors.push(at(i, DefinitionError::CompensatesCompensator { task, target: target.to_owned() }));
+                    errors.push(at(
+                        i,
+                        DefinitionError::CompensatesCompensator {
+                            task,
+                            target: target.to_owned(),
+                        },
+                    ));
                 } else if let Some(&first) = compensators.get(target) {
                     errors.push(at(
                         i,
@@ -647,7 +680,10 @@ impl WorkflowDefinition {
             }
         }
         if !tasks.iter().any(|t| !t.is_compensator()) {
-            errors.push(LocatedError { index: None, error: DefinitionError::NoForwardTasks });
+            errors.push(LocatedError {
+                index: None,
+                error: DefinitionError::NoForwardTasks,
+            });
         }
         if !errors.is_empty() {
             return Err(DefinitionErrors(errors));
@@ -793,8 +829,14 @@ mod tests {
             ]})),
             vec![
                 ("$.tasks[1]".into(), "task 'b' has a blank task_type".into()),
-                ("$.tasks[1]".into(), "task 'b' lists dependency 'a' more than once".into()),
-                ("$.tasks[1]".into(), "task 'b': config must be a JSON object, not an array".into()),
+                (
+                    "$.tasks[1]".into(),
+                    "task 'b' lists dependency 'a' more than once".into()
+                ),
+                (
+                    "$.tasks[1]".into(),
+                    "task 'b': config must be a JSON object, not an array".into()
+                ),
             ]
         );
         assert_eq!(
@@ -813,7 +855,10 @@ mod tests {
             ]})),
             vec![
                 ("$.tasks[1]".into(), "duplicate task key 'a'".into()),
-                ("$.tasks[2]".into(), "task 'load' depends on unknown task 'ghost'".into()),
+                (
+                    "$.tasks[2]".into(),
+                    "task 'load' depends on unknown task 'ghost'".into()
+                ),
             ]
         );
         assert_eq!(
@@ -840,14 +885,26 @@ mod tests {
             e,
             vec![
                 ("$.tasks[1]".into(), "task 'b' depends on compensation task 'c1'".into()),
-                ("$.tasks[2]".into(), "compensation task 'c1' must not declare depends_on".into()),
-                ("$.tasks[3]".into(), "compensation task 'c2' cannot compensate itself".into()),
-                ("$.tasks[4]".into(), "compensation task 'c3' compensates unknown task 'ghost'".into()),
+                (
+                    "$.tasks[2]".into(),
+                    "compensation task 'c1' must not declare depends_on".into()
+                ),
+                (
+                    "$.tasks[3]".into(),
+                    "compensation task 'c2' cannot compensate itself".into()
+                ),
+                (
+                    "$.tasks[4]".into(),
+                    "compensation task 'c3' compensates unknown task 'ghost'".into()
+                ),
                 (
                     "$.tasks[5]".into(),
                     "compensation task 'c4' compensates 'c1', which is itself a compensation task".into()
                 ),
-                ("$.tasks[6]".into(), "task 'a' has two compensation tasks: 'c1' and 'c5'".into()),
+                (
+                    "$.tasks[6]".into(),
+                    "task 'a' has two compensation tasks: 'c1' and 'c5'".into()
+                ),
             ]
         );
     }
@@ -867,7 +924,8 @@ mod tests {
         for _ in 0..MAX_NESTING {
             deep = json!({ "x": deep });
         }
-        let e = errors(json!({"name": "w", "version": 1, "tasks": [{"key": "a", "task_type": "noop", "config": deep}]}));
+        let e =
+            errors(json!({"name": "w", "version": 1, "tasks": [{"key": "a", "task_type": "noop", "config": deep}]}));
         assert!(e[0].1.contains("deeper than 64"), "{e:?}");
     }
 
@@ -885,7 +943,10 @@ mod tests {
         assert_eq!(p.next_retry(5, false), None);
         assert_eq!(p.next_retry(1, true), None);
         let d = RetryPolicy::default();
-        assert_eq!((d.max_attempts, d.delay_seconds, d.backoff, d.max_delay_seconds), (1, 1.0, 2.0, None));
+        assert_eq!(
+            (d.max_attempts, d.delay_seconds, d.backoff, d.max_delay_seconds),
+            (1, 1.0, 2.0, None)
+        );
         assert_eq!(d.next_retry(1, false), None);
     }
 

@@ -111,7 +111,11 @@ impl Verdict {
 /// leaves the outcome to the tasks (a run whose last task succeeded before
 /// it saw the cancel succeeds).
 pub fn derive_run_state(tally: &TaskTally, compensation: CompensationProgress) -> Verdict {
-    let unsettled = if tally.any_started { Verdict::Running } else { Verdict::Pending };
+    let unsettled = if tally.any_started {
+        Verdict::Running
+    } else {
+        Verdict::Pending
+    };
     if tally.active() > 0 || tally.total() == 0 {
         return unsettled;
     }
@@ -218,7 +222,10 @@ mod tests {
             Verdict::Settled(RunState::Cancelled)
         );
         assert_eq!(
-            derive_run_state(&tally(&[(Failed, None), (Cancelled, up), (Succeeded, None)], true), done),
+            derive_run_state(
+                &tally(&[(Failed, None), (Cancelled, up), (Succeeded, None)], true),
+                done
+            ),
             Verdict::Settled(RunState::Failed)
         );
         assert_eq!(
@@ -231,17 +238,32 @@ mod tests {
     #[test]
     fn a_failed_run_is_held_running_until_its_rollback_settles() {
         let t = tally(&[(TaskRunState::Succeeded, None), (TaskRunState::Failed, None)], true);
-        assert_eq!(derive_run_state(&t, CompensationProgress::NotStarted), Verdict::Compensating);
-        assert_eq!(derive_run_state(&t, CompensationProgress::Outstanding), Verdict::Compensating);
-        assert_eq!(derive_run_state(&t, CompensationProgress::Halted), Verdict::Settled(RunState::Failed));
+        assert_eq!(
+            derive_run_state(&t, CompensationProgress::NotStarted),
+            Verdict::Compensating
+        );
+        assert_eq!(
+            derive_run_state(&t, CompensationProgress::Outstanding),
+            Verdict::Compensating
+        );
+        assert_eq!(
+            derive_run_state(&t, CompensationProgress::Halted),
+            Verdict::Settled(RunState::Failed)
+        );
         assert_eq!(Verdict::Compensating.run_state(), RunState::Running);
     }
 
     #[test]
     fn unsettled_runs_are_pending_until_something_starts() {
         let ready = [(TaskRunState::Ready, None)];
-        assert_eq!(derive_run_state(&tally(&ready, false), CompensationProgress::NotStarted), Verdict::Pending);
-        assert_eq!(derive_run_state(&tally(&ready, true), CompensationProgress::NotStarted), Verdict::Running);
+        assert_eq!(
+            derive_run_state(&tally(&ready, false), CompensationProgress::NotStarted),
+            Verdict::Pending
+        );
+        assert_eq!(
+            derive_run_state(&tally(&ready, true), CompensationProgress::NotStarted),
+            Verdict::Running
+        );
     }
 
     fn saga() -> WorkflowDefinition {
@@ -264,11 +286,17 @@ mod tests {
         assert_eq!(order, [("c", "undo_c"), ("b", "undo_b"), ("a", "undo_a")]);
         let keys: Vec<&str> = order.iter().map(|(_, c)| *c).collect();
         let mut rows = HashMap::new();
-        assert_eq!(next_compensation_step(&keys, &rows), CompensationStep::Start("undo_c".into()));
+        assert_eq!(
+            next_compensation_step(&keys, &rows),
+            CompensationStep::Start("undo_c".into())
+        );
         rows.insert("undo_c", TaskRunState::Running);
         assert_eq!(next_compensation_step(&keys, &rows), CompensationStep::Wait);
         rows.insert("undo_c", TaskRunState::Succeeded);
-        assert_eq!(next_compensation_step(&keys, &rows), CompensationStep::Start("undo_b".into()));
+        assert_eq!(
+            next_compensation_step(&keys, &rows),
+            CompensationStep::Start("undo_b".into())
+        );
         rows.insert("undo_b", TaskRunState::Failed);
         assert_eq!(next_compensation_step(&keys, &rows), CompensationStep::Halted);
         assert_eq!(next_compensation_step(&[], &rows), CompensationStep::Done);

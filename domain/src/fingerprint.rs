@@ -160,7 +160,12 @@ mod tests {
                     *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
                     entries.swap(i, (*seed >> 33) as usize % (i + 1));
                 }
-                Value::Object(entries.into_iter().map(|(k, v)| (k.clone(), reorder_keys(v, seed))).collect())
+                Value::Object(
+                    entries
+                        .into_iter()
+                        .map(|(k, v)| (k.clone(), reorder_keys(v, seed)))
+                        .collect(),
+                )
             }
             Value::Array(items) => Value::Array(items.iter().map(|i| reorder_keys(i, seed)).collect()),
             other => other.clone(),

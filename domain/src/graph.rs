@@ -80,11 +80,7 @@ impl DependencyGraph {
         if let Some(w) = raw.windows(2).find(|w| w[0].0 == w[1].0) {
             return Err(GraphError::DuplicateKey(w[0].0.clone()));
         }
-        let index: HashMap<String, usize> = raw
-            .iter()
-            .enumerate()
-            .map(|(i, (k, _))| (k.clone(), i))
-            .collect();
+        let index: HashMap<String, usize> = raw.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
         let mut deps = Vec::with_capacity(raw.len());
         let mut dependents = vec![Vec::new(); raw.len()];
         for (node, (key, names)) in raw.iter().enumerate() {
@@ -168,10 +164,7 @@ impl DependencyGraph {
     /// among the tasks available at each step, the smallest key first.
     pub fn topological_order(&self) -> Vec<&str> {
         let mut waiting: Vec<usize> = self.deps.iter().map(Vec::len).collect();
-        let mut heap: BinaryHeap<Reverse<usize>> = (0..self.len())
-            .filter(|&n| waiting[n] == 0)
-            .map(Reverse)
-            .collect();
+        let mut heap: BinaryHeap<Reverse<usize>> = (0..self.len()).filter(|&n| waiting[n] == 0).map(Reverse).collect();
         let mut order = Vec::with_capacity(self.len());
         while let Some(Reverse(n)) = heap.pop() {
             order.push(self.keys[n].as_str());
@@ -211,11 +204,7 @@ impl DependencyGraph {
     pub fn ready_tasks(&self, completed: &BTreeSet<&str>) -> Vec<&str> {
         (0..self.len())
             .filter(|&n| !completed.contains(self.keys[n].as_str()))
-            .filter(|&n| {
-                self.deps[n]
-                    .iter()
-                    .all(|&d| completed.contains(self.keys[d].as_str()))
-            })
+            .filter(|&n| self.deps[n].iter().all(|&d| completed.contains(self.keys[d].as_str())))
             .map(|n| self.keys[n].as_str())
             .collect()
     }

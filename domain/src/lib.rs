@@ -6,8 +6,8 @@
 //! async code: time and ids come in as arguments. `cargo xtask check-deps`
 //! and `cargo deny` enforce that over the whole dependency graph.
 
-pub mod derive;
 pub mod definition;
+pub mod derive;
 pub mod fingerprint;
 pub mod graph;
 pub mod machine;
@@ -15,8 +15,8 @@ pub mod schema;
 pub mod state;
 
 pub use definition::{
-    Defaults, DefinitionError, DefinitionErrors, LocatedError, RetryPolicy, RetrySpec, TaskDefinition,
-    TaskDocument, WorkflowDefinition, WorkflowDocument,
+    Defaults, DefinitionError, DefinitionErrors, LocatedError, RetryPolicy, RetrySpec, TaskDefinition, TaskDocument,
+    WorkflowDefinition, WorkflowDocument,
 };
 pub use graph::{DependencyGraph, GraphError};
 pub use machine::{MachineError, StateMachine, Transition};

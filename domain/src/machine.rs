@@ -68,11 +68,7 @@ pub struct StateMachine<S: State, T: TransitionName> {
 impl<S: State, T: TransitionName> StateMachine<S, T> {
     /// Builds a machine, refusing duplicate names, edges out of terminal
     /// states, non-terminal dead ends and unreachable states.
-    pub fn new(
-        initial: S,
-        terminal: &[S],
-        transitions: Vec<Transition<S, T>>,
-    ) -> Result<Self, MachineError> {
+    pub fn new(initial: S, terminal: &[S], transitions: Vec<Transition<S, T>>) -> Result<Self, MachineError> {
         let terminal: BTreeSet<S> = terminal.iter().copied().collect();
         let mut names = HashSet::new();
         for t in &transitions {

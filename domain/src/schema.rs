@@ -7,9 +7,7 @@ use std::sync::LazyLock;
 use jsonschema::{Draft, Validator, paths::LocationSegment};
 use serde_json::Value;
 
-use crate::definition::{
-    DefinitionErrors, MAX_BODY_BYTES, MAX_NESTING, WorkflowDefinition, WorkflowDocument, depth,
-};
+use crate::definition::{DefinitionErrors, MAX_BODY_BYTES, MAX_NESTING, WorkflowDefinition, WorkflowDocument, depth};
 
 /// The embedded JSON Schema every definition must satisfy.
 pub const DEFINITION_SCHEMA: &str = include_str!("../schema/workflow-definition.schema.json");
@@ -215,7 +213,10 @@ mod tests {
 
     #[test]
     fn empty_tasks_is_a_shape_error_at_tasks() {
-        assert_eq!(paths(json!({"name": "w", "version": 1, "tasks": []})), [("shape", "$.tasks".into())]);
+        assert_eq!(
+            paths(json!({"name": "w", "version": 1, "tasks": []})),
+            [("shape", "$.tasks".into())]
+        );
     }
 
     #[test]
@@ -230,7 +231,15 @@ mod tests {
     fn duplicate_task_keys_are_a_graph_error_the_schema_cannot_see() {
         let p = problems(json!({"name": "w", "version": 1, "tasks": [
             {"key": "a", "task_type": "noop"}, {"key": "a", "task_type": "noop"}]}));
-        assert_eq!(p, [("graph", "$.tasks[1]".into(), Some("a".into()), "duplicate task key 'a'".into())]);
+        assert_eq!(
+            p,
+            [(
+                "graph",
+                "$.tasks[1]".into(),
+                Some("a".into()),
+                "duplicate task key 'a'".into()
+            )]
+        );
     }
 
     #[test]
@@ -239,7 +248,12 @@ mod tests {
             {"key": "load", "task_type": "noop", "depends_on": ["ghost"]}]}));
         assert_eq!(
             p,
-            [("graph", "$.tasks[0]".into(), Some("load".into()), "task 'load' depends on unknown task 'ghost'".into())]
+            [(
+                "graph",
+                "$.tasks[0]".into(),
+                Some("load".into()),
+                "task 'load' depends on unknown task 'ghost'".into()
+            )]
         );
     }
 
@@ -250,7 +264,12 @@ mod tests {
             {"key": "b", "task_type": "noop", "depends_on": ["a"]}]}));
         assert_eq!(
             p,
-            [("graph", "$.tasks[0]".into(), Some("a".into()), "dependency cycle detected: a -> b -> a".into())]
+            [(
+                "graph",
+                "$.tasks[0]".into(),
+                Some("a".into()),
+                "dependency cycle detected: a -> b -> a".into()
+            )]
         );
     }
 
@@ -295,14 +314,21 @@ mod tests {
 
     #[test]
     fn limits_are_shape_errors() {
-        let tasks: Vec<Value> = (0..10_001).map(|i| json!({"key": format!("t{i}"), "task_type": "noop"})).collect();
-        assert_eq!(paths(json!({"name": "w", "version": 1, "tasks": tasks})), [("shape", "$.tasks".into())]);
+        let tasks: Vec<Value> = (0..10_001)
+            .map(|i| json!({"key": format!("t{i}"), "task_type": "noop"}))
+            .collect();
+        assert_eq!(
+            paths(json!({"name": "w", "version": 1, "tasks": tasks})),
+            [("shape", "$.tasks".into())]
+        );
 
         let mut deep = json!(1);
         for _ in 0..70 {
             deep = json!([deep]);
         }
-        let p = problems(json!({"name": "w", "version": 1, "tasks": [{"key": "a", "task_type": "noop", "config": {"x": deep}}]}));
+        let p = problems(
+            json!({"name": "w", "version": 1, "tasks": [{"key": "a", "task_type": "noop", "config": {"x": deep}}]}),
+        );
         assert_eq!((p[0].0, p[0].1.as_str()), ("shape", "$"));
         assert!(p[0].3.contains("deeper than 64"));
 

@@ -131,10 +131,7 @@ named_enum! {
 impl TaskRunState {
     /// Whether a forward task in this state keeps its run from settling.
     pub fn is_active(self) -> bool {
-        matches!(
-            self,
-            Self::Pending | Self::Ready | Self::Running | Self::Retrying
-        )
+        matches!(self, Self::Pending | Self::Ready | Self::Running | Self::Retrying)
     }
 }
 
@@ -247,12 +244,10 @@ pub fn build_task_machine() -> Result<TaskMachine, crate::machine::MachineError>
     )
 }
 
-static RUN_MACHINE: LazyLock<RunMachine> = LazyLock::new(|| {
-    build_run_machine().expect("the WorkflowRun table is valid (checked by a unit test)")
-});
-static TASK_MACHINE: LazyLock<TaskMachine> = LazyLock::new(|| {
-    build_task_machine().expect("the TaskRun table is valid (checked by a unit test)")
-});
+static RUN_MACHINE: LazyLock<RunMachine> =
+    LazyLock::new(|| build_run_machine().expect("the WorkflowRun table is valid (checked by a unit test)"));
+static TASK_MACHINE: LazyLock<TaskMachine> =
+    LazyLock::new(|| build_task_machine().expect("the TaskRun table is valid (checked by a unit test)"));
 
 /// The WorkflowRun machine.
 pub fn run_machine() -> &'static RunMachine {

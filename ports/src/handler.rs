@@ -1,0 +1,89 @@
+//! The Handler port: trusted Rust code registered by task type. Nothing in
+//! a dispatch message is ever executed; the message only names the type.
+
+use std::fmt;
+use std::future::Future;
+
+use serde_json::{Map, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::ids::RunId;
+
+/// Everything a handler gets for one attempt (DESIGN §6).
+#[derive(Debug, Clone)]
+pub struct TaskContext {
+    /// The run.
+    pub run_id: RunId,
+    /// The task's key.
+    pub task_key: String,
+    /// The task's type (what selected this handler).
+    pub task_type: String,
+    /// 1-based attempt number.
+    pub attempt: u32,
+    /// `{run_id}:{task_key}`: stable across attempts and redeliveries, so a
+    /// handler can make its side effect idempotent.
+    pub idempotency_key: String,
+    /// The run's input.
+    pub run_input: Value,
+    /// Outputs of the task's dependencies, keyed by task key. A compensator
+    /// gets the output of the task it undoes under that task's key.
+    pub inputs: Map<String, Value>,
+    /// The task's `config`.
+    pub config: Map<String, Value>,
+    /// Cancelled when the attempt must stop: timeout, run cancelled, lease
+    /// lost or shutdown. A handler that ignores it is abandoned.
+    pub cancel: CancellationToken,
+}
+
+/// Whether a failed attempt may be retried (decision 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Another attempt may succeed; the retry policy decides.
+    Retryable,
+    /// No attempt can succeed (bad config, unknown type, …): skip retries.
+    Permanent,
+}
+
+/// A failed attempt, as the handler reports it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct HandlerError {
+    /// What went wrong, for the run report.
+    pub message: String,
+    /// Retryable or permanent.
+    pub kind: FailureKind,
+}
+
+impl HandlerError {
+    /// A failure another attempt may fix.
+    pub fn retryable(message: impl fmt::Display) -> Self {
+        Self {
+            message: message.to_string(),
+            kind: FailureKind::Retryable,
+        }
+    }
+
+    /// A failure no attempt can fix: the task fails without retrying.
+    pub fn permanent(message: impl fmt::Display) -> Self {
+        Self {
+            message: message.to_string(),
+            kind: FailureKind::Permanent,
+        }
+    }
+
+    /// Whether retries are skipped.
+    pub fn is_permanent(&self) -> bool {
+        self.kind == FailureKind::Permanent
+    }
+}
+
+/// An async task handler. Returns the task's JSON output.
+///
+/// Contract: the handler SHOULD return soon after `ctx.cancel` fires; the
+/// engine stops waiting at the timeout either way. It MAY be called more
+/// than once for one task (at-least-once), so side effects should use
+/// `ctx.idempotency_key`.
+pub trait Handler: Send + Sync + 'static {
+    /// Runs one attempt.
+    fn run(&self, ctx: TaskContext) -> impl Future<Output = Result<Value, HandlerError>> + Send;
+}

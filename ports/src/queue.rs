@@ -1,0 +1,105 @@
+//! The dispatch ports: publishing outbox rows to a queue and consuming
+//! them with manual acknowledgement (at-least-once).
+
+use std::future::Future;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{DispatchId, RunId, TaskRunId};
+
+/// One dispatch: "task run X is ready at token T". The payload every queue
+/// carries, byte for byte, as JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dispatch {
+    /// The outbox row.
+    pub dispatch_id: DispatchId,
+    /// The task run to claim.
+    pub task_run_id: TaskRunId,
+    /// Its run.
+    pub run_id: RunId,
+    /// Its task key (for logs; the store is the authority).
+    pub task_key: String,
+    /// Its task type (for routing and logs; the store is the authority).
+    pub task_type: String,
+    /// The token the claim must match: a stale dispatch claims nothing.
+    pub fencing_token: i64,
+}
+
+/// Why a queue operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueueError {
+    /// The broker cannot be reached or the connection dropped. Retry later.
+    #[error("queue unavailable: {0}")]
+    Unavailable(String),
+    /// The broker returned the message: no queue is bound to route it.
+    #[error("dispatch {0} was returned unroutable: no queue is bound")]
+    Unroutable(DispatchId),
+    /// A publish or confirm did not complete in time.
+    #[error("queue operation timed out: {0}")]
+    Timeout(String),
+    /// The broker refused the publish (nack).
+    #[error("broker refused dispatch {0}")]
+    Nacked(DispatchId),
+    /// The queue exists with another type. Never retried: an operator must
+    /// migrate it; the message carries the procedure.
+    #[error("{0}")]
+    QueueTypeMismatch(String),
+    /// The queue was closed (shutdown).
+    #[error("queue closed")]
+    Closed,
+}
+
+impl QueueError {
+    /// Whether retrying the same operation later can succeed.
+    pub fn is_transient(&self) -> bool {
+        !matches!(self, Self::QueueTypeMismatch(_))
+    }
+}
+
+/// Publishes dispatches.
+pub trait DispatchPublisher: Send + Sync + 'static {
+    /// Publishes every dispatch of `batch` and waits for each outcome, with
+    /// many in flight at once. Returns one result per dispatch, in order.
+    ///
+    /// Contract: `Ok` means the broker confirmed the message *and* routed
+    /// it to a queue; an unroutable message is `Err(Unroutable)` even
+    /// though the broker also acknowledges it. Every wait is bounded by a
+    /// timeout. Publishing the same dispatch twice is allowed (consumers
+    /// de-duplicate by claim).
+    fn publish(&self, batch: &[Dispatch]) -> impl Future<Output = Vec<Result<(), QueueError>>> + Send;
+}
+
+/// A queue that hands out consumers.
+pub trait DispatchQueue: Send + Sync + 'static {
+    /// A consumer.
+    type Consumer: DispatchConsumer;
+
+    /// Opens a consumer holding at most one unacknowledged delivery
+    /// (prefetch 1): a worker opens one per concurrency slot.
+    fn consumer(&self) -> impl Future<Output = Result<Self::Consumer, QueueError>> + Send;
+}
+
+/// Receives dispatches one at a time.
+pub trait DispatchConsumer: Send + 'static {
+    /// A delivery to acknowledge.
+    type Delivery: Delivery;
+
+    /// Waits for the next delivery. `Ok(None)` means the queue closed.
+    ///
+    /// Contract: a delivery that is dropped, nacked, or whose consumer is
+    /// dropped before `ack` is delivered again (at-least-once).
+    fn next(&mut self) -> impl Future<Output = Result<Option<Self::Delivery>, QueueError>> + Send;
+}
+
+/// One received dispatch.
+pub trait Delivery: Send + 'static {
+    /// The dispatch it carries.
+    fn dispatch(&self) -> &Dispatch;
+    /// Whether the queue delivered it before.
+    fn redelivered(&self) -> bool;
+    /// Acknowledges it: it will not be delivered again. Call only after the
+    /// outcome is stored.
+    fn ack(self) -> impl Future<Output = Result<(), QueueError>> + Send;
+    /// Returns it to the queue for another delivery.
+    fn nack_requeue(self) -> impl Future<Output = Result<(), QueueError>> + Send;
+}
