@@ -1,0 +1,299 @@
+//! The engine: the use cases (publish, start, cancel, report) and the loops
+//! (scheduler, outbox publisher, worker) composed over any store and queue.
+//! Embedded mode is this engine over SQLite and the in-process queue; the
+//! same code drives PostgreSQL.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flowforge_domain::{RunState, WorkflowDefinition};
+use flowforge_ports::store::{CancelOutcome, Published};
+use flowforge_ports::{
+    DispatchPublisher, DispatchQueue, Observer, RunEvent, RunId, Scope, Store, WorkerId, WorkflowId,
+};
+use serde_json::Value;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::DefinitionCache;
+use crate::error::Error;
+use crate::observers::Observers;
+use crate::publisher::{OutboxPublisher, PublisherConfig};
+use crate::registry::HandlerRegistry;
+use crate::report::RunReport;
+use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::worker::{Worker, WorkerConfig};
+
+/// Checks that every task type of `def` (compensators included) is in
+/// `known`, naming the unknown ones.
+pub fn check_task_types(def: &WorkflowDefinition, known: &BTreeSet<String>) -> Result<(), Error> {
+    let unknown: BTreeSet<String> = def
+        .tasks()
+        .iter()
+        .map(|t| t.task_type())
+        .filter(|t| !known.contains(*t))
+        .map(str::to_owned)
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(Error::UnknownTaskTypes {
+        types: unknown.into_iter().collect(),
+        known_hint: format!(
+            "known types are {}",
+            known.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
+        ),
+    })
+}
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Worker slots.
+    pub concurrency: usize,
+    /// Lease length (heartbeat every third).
+    pub lease: Duration,
+    /// How this process names itself as a worker.
+    pub worker_id: WorkerId,
+    /// The largest task output, in bytes.
+    pub output_limit: usize,
+    /// How long a cancelled or timed-out handler gets to stop.
+    pub stop_grace: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: std::thread::available_parallelism().map_or(2, usize::from),
+            lease: Duration::from_secs(30),
+            worker_id: WorkerId(format!("embedded-{}", std::process::id())),
+            output_limit: crate::worker::DEFAULT_OUTPUT_LIMIT,
+            stop_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Wakes the callers waiting for runs to settle.
+#[derive(Default)]
+struct Waiters(Mutex<HashMap<RunId, Vec<tokio::sync::oneshot::Sender<RunState>>>>);
+
+impl Waiters {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Vec<tokio::sync::oneshot::Sender<RunState>>>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Observer for Waiters {
+    fn on_workflow_done(&self, event: &RunEvent) {
+        for tx in self.lock().remove(&event.run_id).unwrap_or_default() {
+            let _ = tx.send(event.state);
+        }
+    }
+}
+
+/// The loops serving one scope; stop them with [`Serving::stop`].
+#[derive(Debug)]
+pub struct Serving {
+    shutdown: CancellationToken,
+    tasks: JoinSet<Result<(), Error>>,
+}
+
+impl Serving {
+    /// Stops consuming, lets in-flight attempts finish, and waits for every
+    /// loop. Returns the first loop error, if any.
+    pub async fn stop(mut self) -> Result<(), Error> {
+        self.shutdown.cancel();
+        let mut result = Ok(());
+        while let Some(joined) = self.tasks.join_next().await {
+            if let Ok(Err(e)) = joined
+                && result.is_ok()
+            {
+                result = Err(e);
+            }
+        }
+        result
+    }
+
+    /// Resolves when a loop ends on its own (an unrecoverable error).
+    pub async fn failed(&mut self) -> Result<(), Error> {
+        match self.tasks.join_next().await {
+            Some(Ok(result)) => result,
+            Some(Err(e)) => Err(Error::Store(flowforge_ports::StoreError::Other(format!(
+                "a loop panicked: {e}"
+            )))),
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// A FlowForge engine over a store `S` and a queue `Q`.
+pub struct Engine<S: Store, Q> {
+    store: S,
+    queue: Q,
+    defs: Arc<DefinitionCache<S>>,
+    registry: Arc<HandlerRegistry>,
+    observers: Observers,
+    waiters: Arc<Waiters>,
+    worker: Arc<Worker<S, Q>>,
+    config: EngineConfig,
+}
+
+impl<S: Store, Q> std::fmt::Debug for Engine<S, Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("registry", &self.registry)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, Q> Engine<S, Q>
+where
+    S: Store,
+    Q: DispatchQueue + DispatchPublisher + Clone,
+{
+    /// An engine running `registry`'s handlers, telling `observers`.
+    pub fn new(
+        store: S,
+        queue: Q,
+        registry: HandlerRegistry,
+        observers: Vec<Arc<dyn Observer>>,
+        config: EngineConfig,
+    ) -> Self {
+        let defs = Arc::new(DefinitionCache::new(store.clone()));
+        let waiters = Arc::new(Waiters::default());
+        let mut set = Observers::default();
+        for o in observers {
+            set.push(o);
+        }
+        set.push(waiters.clone());
+        let registry = Arc::new(registry);
+        let mut worker_config = WorkerConfig::new(config.worker_id.clone(), config.concurrency);
+        worker_config.lease = config.lease;
+        worker_config.output_limit = config.output_limit;
+        worker_config.stop_grace = config.stop_grace;
+        let worker = Arc::new(Worker::new(
+            store.clone(),
+            queue.clone(),
+            Arc::clone(&defs),
+            Arc::clone(&registry),
+            set.clone(),
+            worker_config,
+        ));
+        Self {
+            store,
+            queue,
+            defs,
+            registry,
+            observers: set,
+            waiters,
+            worker,
+            config,
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The handler registry.
+    pub fn registry(&self) -> &HandlerRegistry {
+        &self.registry
+    }
+
+    /// Publishes a definition whose task types all have handlers here.
+    /// Idempotent by content; a different definition under a published
+    /// (name, version) is a conflict.
+    pub async fn publish(&self, def: &WorkflowDefinition) -> Result<Published, Error> {
+        let known: BTreeSet<String> = self.registry.task_types().map(str::to_owned).collect();
+        check_task_types(def, &known)?;
+        let published = self.store.publish_definition(def).await?;
+        self.defs.insert(published.clone());
+        Ok(published)
+    }
+
+    /// Starts a run of a published definition.
+    pub async fn start(&self, workflow: WorkflowId, input: Value) -> Result<RunId, Error> {
+        Ok(self.store.start_run(workflow, input).await?)
+    }
+
+    /// Requests cancellation of `run` and stops its handlers running here.
+    pub async fn cancel(&self, run: RunId) -> Result<CancelOutcome, Error> {
+        let outcome = self.store.request_cancel(run).await?.ok_or(Error::RunNotFound(run))?;
+        self.worker.cancel_run_locally(run);
+        Ok(outcome)
+    }
+
+    /// Starts the scheduler, the outbox publisher and the worker slots for
+    /// `scope` (`Scope::Run` drives only that run; the worker serves
+    /// whatever this engine's publisher dispatches).
+    pub fn serve(&self, scope: Scope) -> Serving {
+        let shutdown = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        let scheduler = Scheduler::new(
+            self.store.clone(),
+            Arc::clone(&self.defs),
+            self.observers.clone(),
+            SchedulerConfig {
+                scope,
+                ..SchedulerConfig::default()
+            },
+        );
+        let token = shutdown.clone();
+        tasks.spawn(async move { scheduler.run(token).await });
+        let publisher = OutboxPublisher::new(
+            self.store.clone(),
+            self.queue.clone(),
+            PublisherConfig {
+                scope,
+                ..PublisherConfig::default()
+            },
+        );
+        let token = shutdown.clone();
+        tasks.spawn(async move { publisher.run(token).await });
+        let worker = Arc::clone(&self.worker);
+        let token = shutdown.clone();
+        tasks.spawn(async move { worker.run(token).await });
+        Serving { shutdown, tasks }
+    }
+
+    /// Waits until `run` is in a terminal state (served by some loop).
+    pub async fn wait(&self, run: RunId) -> Result<RunState, Error> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.waiters.lock().entry(run).or_default().push(tx);
+        // Registered first, then checked: a run that settled in between is
+        // seen by the check, one that settles later wakes the channel.
+        let detail = self.store.get_run(run).await?.ok_or(Error::RunNotFound(run))?;
+        let state = detail.summary.state;
+        if matches!(state, RunState::Succeeded | RunState::Failed | RunState::Cancelled) {
+            self.waiters.lock().remove(&run);
+            return Ok(state);
+        }
+        rx.await
+            .map_err(|_| Error::Store(flowforge_ports::StoreError::Other("the engine stopped".into())))
+    }
+
+    /// The report of `run`.
+    pub async fn report(&self, run: RunId) -> Result<RunReport, Error> {
+        let detail = self.store.get_run(run).await?.ok_or(Error::RunNotFound(run))?;
+        let published = self.defs.get(detail.summary.workflow_id).await?;
+        Ok(RunReport::new(&detail, &published.definition))
+    }
+
+    /// Publishes `def`, runs it with `input` to the end in this process, and
+    /// returns its report. Only this run is driven.
+    pub async fn run(&self, def: &WorkflowDefinition, input: Value) -> Result<RunReport, Error> {
+        let published = self.publish(def).await?;
+        let run = self.start(published.id, input).await?;
+        let mut serving = self.serve(Scope::Run(run));
+        let settled = tokio::select! {
+            settled = self.wait(run) => settled,
+            failed = serving.failed() => failed.map(|()| RunState::Failed),
+        };
+        serving.stop().await?;
+        settled?;
+        self.report(run).await
+    }
+}

@@ -1,0 +1,134 @@
+//! The outbox publisher (DESIGN §5): sweep unpublished rows in bounded
+//! batches, publish them with confirms, mark the confirmed ones in the same
+//! transaction. A broker outage rolls back: the rows stay and are retried.
+
+use std::time::Duration;
+
+use flowforge_ports::store::{Notifier, OutboxSweep, Topic};
+use flowforge_ports::{DispatchId, DispatchPublisher, QueueError, Scope, Store};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Error;
+
+/// What one sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Rows confirmed and marked published.
+    pub published: usize,
+    /// Rows left unpublished (unroutable, refused, timed out).
+    pub failed: usize,
+    /// Whether the batch was full (sweep again at once).
+    pub more: bool,
+}
+
+/// Tuning of the publisher loop.
+#[derive(Debug, Clone)]
+pub struct PublisherConfig {
+    /// Which runs' rows to publish.
+    pub scope: Scope,
+    /// Most rows per sweep (each sweep is one transaction).
+    pub batch: u32,
+    /// The slow periodic sweep that only backs up the notifications.
+    pub safety_net: Duration,
+}
+
+impl Default for PublisherConfig {
+    fn default() -> Self {
+        Self {
+            scope: Scope::All,
+            batch: 500,
+            safety_net: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Moves outbox rows to the queue.
+#[derive(Debug)]
+pub struct OutboxPublisher<S, P> {
+    store: S,
+    queue: P,
+    config: PublisherConfig,
+}
+
+impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
+    /// A publisher from `store` to `queue`.
+    pub fn new(store: S, queue: P, config: PublisherConfig) -> Self {
+        Self { store, queue, config }
+    }
+
+    /// One sweep. Rows that failed to publish stay unpublished; if any
+    /// failure was the broker's (transient), the sweep reports an error so
+    /// the loop backs off — after committing what did get through.
+    pub async fn publish_once(&self) -> Result<SweepReport, Error> {
+        let Some(mut sweep) = self.store.begin_sweep(self.config.scope, self.config.batch).await? else {
+            return Ok(SweepReport::default());
+        };
+        let rows = sweep.dispatches().to_vec();
+        let results = self.queue.publish(&rows).await;
+        let mut confirmed: Vec<DispatchId> = Vec::with_capacity(rows.len());
+        let mut transient: Option<QueueError> = None;
+        let mut failed = 0;
+        for (row, result) in rows.iter().zip(results) {
+            match result {
+                Ok(()) => confirmed.push(row.dispatch_id),
+                Err(e) => {
+                    failed += 1;
+                    tracing::error!(
+                        dispatch_id = %row.dispatch_id, run_id = %row.run_id, task_key = %row.task_key,
+                        token = row.fencing_token, error = %e, "dispatch not published; the row stays in the outbox"
+                    );
+                    if e.is_transient() {
+                        transient.get_or_insert(e);
+                    } else {
+                        return Err(e.into());
+                    }
+                }
+            }
+        }
+        if !confirmed.is_empty() {
+            sweep.mark_published(&confirmed).await?;
+            sweep.commit().await?;
+        }
+        if let Some(e) = transient {
+            return Err(e.into());
+        }
+        Ok(SweepReport {
+            published: confirmed.len(),
+            failed,
+            more: rows.len() >= self.config.batch as usize,
+        })
+    }
+
+    /// Sweeps until `shutdown`, woken by new outbox rows; backs off (capped,
+    /// jittered) while the queue or the store is unavailable. A queue-type
+    /// mismatch is fatal: no retry can fix it.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
+        let notifier = self.store.notifier().await?;
+        let mut failures = 0u32;
+        loop {
+            match self.publish_once().await {
+                Ok(report) => {
+                    failures = 0;
+                    if report.more {
+                        continue;
+                    }
+                }
+                Err(Error::Queue(e)) if !e.is_transient() => return Err(Error::Queue(e)),
+                Err(e) => {
+                    failures += 1;
+                    let wait = crate::backoff(failures);
+                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "outbox sweep failed; rows stay pending");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(wait) => continue,
+                    }
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                () = notifier.notified(Topic::Publisher) => {}
+                () = tokio::time::sleep(self.config.safety_net) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! The run report of DESIGN §7: a stable JSON shape (its schema is
+//! committed beside the binary) built from a stored run and its definition.
+
+use std::collections::{BTreeSet, HashMap};
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use flowforge_domain::derive::compensation_order;
+use flowforge_domain::{RunState, TaskRunState, WorkflowDefinition};
+use flowforge_ports::store::{RunDetail, TaskRunView};
+use serde::Serialize;
+use serde_json::Value;
+
+/// The workflow a run executed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkflowRef {
+    /// Name.
+    pub name: String,
+    /// Version.
+    pub version: u32,
+    /// Fingerprint of the executed definition.
+    pub fingerprint: String,
+}
+
+/// One forward task in the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TaskReport {
+    /// Key.
+    pub key: String,
+    /// Type.
+    pub task_type: String,
+    /// State (lower-case machine name).
+    pub state: String,
+    /// Attempts made (1-based; the current one).
+    pub attempt: u32,
+    /// `user` or `upstream_failed` when cancelled.
+    pub cancel_reason: Option<String>,
+    /// Output when succeeded.
+    pub output: Option<Value>,
+    /// Last error.
+    pub error: Option<String>,
+    /// First claim (RFC 3339 UTC).
+    pub started_at: Option<String>,
+    /// End (RFC 3339 UTC).
+    pub finished_at: Option<String>,
+}
+
+/// One compensator in the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CompensationReport {
+    /// Compensator key.
+    pub key: String,
+    /// The forward task it undoes.
+    pub compensate_for: String,
+    /// State, or `not_run` for one the rollback never reached.
+    pub state: String,
+    /// Attempts made (0 when not run).
+    pub attempt: u32,
+    /// Output when succeeded.
+    pub output: Option<Value>,
+    /// Last error.
+    pub error: Option<String>,
+}
+
+/// One event of the history.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EventReport {
+    /// Task key (`null`: a run transition).
+    pub task: Option<String>,
+    /// Transition name or `stale_write_rejected`.
+    pub transition: String,
+    /// Source state.
+    pub from: Option<String>,
+    /// Target state.
+    pub to: Option<String>,
+    /// Attempt.
+    pub attempt: Option<u32>,
+    /// Fencing token.
+    pub token: Option<i64>,
+    /// Worker.
+    pub worker: Option<String>,
+    /// When (RFC 3339 UTC).
+    pub at: String,
+    /// Error recorded with it.
+    pub error: Option<String>,
+}
+
+/// The report of one run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunReport {
+    /// Run id.
+    pub run_id: String,
+    /// What ran.
+    pub workflow: WorkflowRef,
+    /// Run state.
+    pub state: String,
+    /// Run input.
+    pub input: Value,
+    /// When it moved to running.
+    pub started_at: Option<String>,
+    /// When it ended.
+    pub finished_at: Option<String>,
+    /// Forward tasks, in topological order.
+    pub tasks: Vec<TaskReport>,
+    /// Compensators in the order they ran, then those never run.
+    pub compensations: Vec<CompensationReport>,
+    /// The history, oldest first.
+    pub events: Vec<EventReport>,
+}
+
+fn time(t: Option<DateTime<Utc>>) -> Option<String> {
+    t.map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true))
+}
+
+impl RunReport {
+    /// Builds the report of `detail`, a run of `def`.
+    pub fn new(detail: &RunDetail, def: &WorkflowDefinition) -> Self {
+        let by_key: HashMap<&str, &TaskRunView> = detail.tasks.iter().map(|t| (t.key.as_str(), t)).collect();
+        let tasks = def
+            .graph()
+            .topological_order()
+            .into_iter()
+            .filter_map(|key| by_key.get(key).map(|t| (key, *t)))
+            .map(|(key, t)| TaskReport {
+                key: key.to_owned(),
+                task_type: def.task(key).map(|d| d.task_type().to_owned()).unwrap_or_default(),
+                state: t.state.to_string(),
+                attempt: t.attempt,
+                cancel_reason: t.cancel_reason.map(|r| r.to_string()),
+                output: t.output.clone(),
+                error: t.error.clone(),
+                started_at: time(t.started_at),
+                finished_at: time(t.finished_at),
+            })
+            .collect();
+
+        let mut ran: Vec<&TaskRunView> = detail.tasks.iter().filter(|t| t.compensate_for.is_some()).collect();
+        ran.sort_by_key(|t| (t.created_at, t.id));
+        let mut compensations: Vec<CompensationReport> = ran
+            .iter()
+            .map(|t| CompensationReport {
+                key: t.key.clone(),
+                compensate_for: t.compensate_for.clone().unwrap_or_default(),
+                state: t.state.to_string(),
+                attempt: t.attempt,
+                output: t.output.clone(),
+                error: t.error.clone(),
+            })
+            .collect();
+        if detail.summary.state == RunState::Failed {
+            let succeeded: BTreeSet<&str> = detail
+                .tasks
+                .iter()
+                .filter(|t| t.compensate_for.is_none() && t.state == TaskRunState::Succeeded)
+                .map(|t| t.key.as_str())
+                .collect();
+            let created: BTreeSet<&str> = ran.iter().map(|t| t.key.as_str()).collect();
+            for (forward, key) in compensation_order(def, &succeeded) {
+                if !created.contains(key) {
+                    compensations.push(CompensationReport {
+                        key: key.to_owned(),
+                        compensate_for: forward.to_owned(),
+                        state: "not_run".to_owned(),
+                        attempt: 0,
+                        output: None,
+                        error: None,
+                    });
+                }
+            }
+        }
+
+        let events = detail
+            .events
+            .iter()
+            .map(|e| EventReport {
+                task: e.task.clone(),
+                transition: e.transition.clone(),
+                from: e.from.clone(),
+                to: e.to.clone(),
+                attempt: e.attempt,
+                token: e.token,
+                worker: e.worker.clone(),
+                at: e.at.to_rfc3339_opts(SecondsFormat::Millis, true),
+                error: e.error.clone(),
+            })
+            .collect();
+
+        Self {
+            run_id: detail.summary.id.to_string(),
+            workflow: WorkflowRef {
+                name: def.name().to_owned(),
+                version: def.version(),
+                fingerprint: detail.fingerprint.clone(),
+            },
+            state: detail.summary.state.to_string(),
+            input: detail.input.clone(),
+            started_at: time(detail.summary.started_at),
+            finished_at: time(detail.summary.finished_at),
+            tasks,
+            compensations,
+            events,
+        }
+    }
+
+    /// The run state.
+    pub fn run_state(&self) -> Option<RunState> {
+        self.state.parse().ok()
+    }
+
+    /// The report with ids, times, tokens and worker names removed: what
+    /// two runs of the same definition and input must agree on (DESIGN §7).
+    /// Events are grouped by task, because tasks that run in parallel may
+    /// interleave differently; each task's own sequence is kept.
+    pub fn comparable(&self) -> Value {
+        let mut v = serde_json::to_value(self).unwrap_or(Value::Null);
+        if let Some(map) = v.as_object_mut()
+            && let Some(Value::Array(events)) = map.remove("events")
+        {
+            let mut by_task: serde_json::Map<String, Value> = serde_json::Map::new();
+            for e in events {
+                let task = e.get("task").and_then(Value::as_str).unwrap_or("(run)").to_owned();
+                if let Value::Array(list) = by_task.entry(task).or_insert_with(|| Value::Array(Vec::new())) {
+                    list.push(e);
+                }
+            }
+            map.insert("events".to_owned(), Value::Object(by_task));
+        }
+        strip(&mut v);
+        v
+    }
+}
+
+fn strip(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            for key in ["run_id", "started_at", "finished_at", "at", "token", "worker"] {
+                map.remove(key);
+            }
+            map.values_mut().for_each(strip);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip),
+        _ => {}
+    }
+}

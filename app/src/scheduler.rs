@@ -1,0 +1,323 @@
+//! The scheduler (DESIGN §3 and §5): reap expired leases, then one
+//! transaction per run with work — react to finished tasks, promote,
+//! cancel, compensate, derive and store the run state. Its loop sleeps
+//! until a store notification or the earliest retry / lease deadline.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flowforge_domain::derive::{
+    CompensationProgress, CompensationStep, Verdict, compensation_order, derive_run_state, next_compensation_step,
+};
+use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, TaskTransition};
+use flowforge_ports::store::{Notifier, PassRun, RunPass, Topic};
+use flowforge_ports::{RunEvent, RunId, Scope, Store, TaskEvent};
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::DefinitionCache;
+use crate::error::Error;
+use crate::observers::Observers;
+
+/// What one pass over one run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassOutcome {
+    /// Task runs made ready (promotions, due retries, a compensator).
+    pub dispatched: usize,
+    /// Task runs cancelled.
+    pub cancelled: usize,
+    /// The compensator created, if any.
+    pub compensator: Option<String>,
+    /// The terminal state the run reached in this pass, if any.
+    pub settled: Option<RunState>,
+}
+
+/// What one scheduler pass over its scope did.
+#[derive(Debug, Clone, Default)]
+pub struct ScheduleReport {
+    /// Leases taken back.
+    pub reaped: usize,
+    /// Runs advanced.
+    pub passes: usize,
+    /// Runs that reached a terminal state.
+    pub settled: Vec<(RunId, RunState)>,
+    /// Whether a batch limit was hit (call again at once).
+    pub more: bool,
+}
+
+impl ScheduleReport {
+    fn progressed(&self) -> bool {
+        self.reaped > 0 || self.passes > 0
+    }
+}
+
+/// Tuning of the scheduler loop.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Which runs to drive.
+    pub scope: Scope,
+    /// Most runs (and leases) handled per pass.
+    pub batch: u32,
+    /// The slow periodic pass that only backs up the notifications.
+    pub safety_net: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            scope: Scope::All,
+            batch: 500,
+            safety_net: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The scheduler of one process.
+#[derive(Debug)]
+pub struct Scheduler<S: Store> {
+    store: S,
+    defs: Arc<DefinitionCache<S>>,
+    observers: Observers,
+    config: SchedulerConfig,
+}
+
+impl<S: Store> Scheduler<S> {
+    /// A scheduler over `store`.
+    pub fn new(store: S, defs: Arc<DefinitionCache<S>>, observers: Observers, config: SchedulerConfig) -> Self {
+        Self {
+            store,
+            defs,
+            observers,
+            config,
+        }
+    }
+
+    /// One pass: reap expired leases, then advance every run with work.
+    /// A run whose pass fails is logged and left for the next pass; only a
+    /// store failure aborts the whole pass.
+    pub async fn schedule_once(&self) -> Result<ScheduleReport, Error> {
+        let scope = self.config.scope;
+        let mut report = ScheduleReport::default();
+        let reaped = self.store.reap_expired_leases(scope, self.config.batch).await?;
+        report.reaped = reaped.len();
+        for r in &reaped {
+            tracing::warn!(run_id = %r.run_id, task_key = %r.task_key, transition = %r.transition, cancelled = r.cancelled, "lease expired; task run reaped");
+            if r.transition == TaskTransition::ReapLeaseFinal {
+                self.reaped_for_good(r.run_id, &r.task_key).await;
+            }
+        }
+        let runs = self.store.runs_with_work(scope, self.config.batch).await?;
+        report.more = runs.len() >= self.config.batch as usize || reaped.len() >= self.config.batch as usize;
+        for run in runs {
+            match self.advance_run(run).await {
+                Ok(Some(outcome)) => {
+                    report.passes += 1;
+                    if let Some(state) = outcome.settled {
+                        report.settled.push((run, state));
+                    }
+                }
+                Ok(None) => {}
+                Err(Error::Store(e)) => return Err(Error::Store(e)),
+                Err(e) => tracing::error!(run_id = %run, error = %e, "scheduler pass failed for this run; will retry"),
+            }
+        }
+        Ok(report)
+    }
+
+    async fn reaped_for_good(&self, run_id: RunId, task_key: &str) {
+        let Ok(Some(detail)) = self.store.get_run(run_id).await else {
+            return;
+        };
+        let Ok(published) = self.defs.get(detail.summary.workflow_id).await else {
+            return;
+        };
+        let task = detail.tasks.iter().find(|t| t.key == task_key);
+        self.observers.task_failed(&TaskEvent {
+            run_id,
+            task_key: task_key.to_owned(),
+            task_type: published
+                .definition
+                .task(task_key)
+                .map(|t| t.task_type().to_owned())
+                .unwrap_or_default(),
+            compensate_for: task.and_then(|t| t.compensate_for.clone()),
+            attempt: task.map_or(1, |t| t.attempt),
+            output: None,
+            error: task.and_then(|t| t.error.clone()),
+            retry_in: None,
+        });
+    }
+
+    /// One run's transaction (DESIGN §5). `Ok(None)` when another scheduler
+    /// holds the run or it is already terminal.
+    pub async fn advance_run(&self, run: RunId) -> Result<Option<PassOutcome>, Error> {
+        let Some(mut pass) = self.store.begin_pass(run).await? else {
+            return Ok(None);
+        };
+        let header: PassRun = pass.run().clone();
+        let published = self.defs.get(header.workflow_id).await?;
+        let def = &published.definition;
+        let graph = def.graph();
+        let mut outcome = PassOutcome::default();
+
+        // React to the changes since the last pass.
+        let flagged = pass.take_flagged().await?;
+        let mut satisfied: BTreeMap<&str, u32> = BTreeMap::new();
+        let mut blocked: BTreeSet<&str> = BTreeSet::new();
+        for task in flagged.iter().filter(|t| t.compensate_for.is_none()) {
+            match task.state {
+                TaskRunState::Succeeded => {
+                    for dependent in graph.dependents_of(&task.key) {
+                        *satisfied.entry(dependent).or_default() += 1;
+                    }
+                }
+                // Resting `failed` means failed for good (decision 1); a
+                // cancelled task's dependents can never run either.
+                TaskRunState::Failed | TaskRunState::Cancelled => {
+                    blocked.extend(graph.transitive_dependents_of(&task.key));
+                }
+                _ => {}
+            }
+        }
+        if !blocked.is_empty() {
+            let keys: Vec<String> = blocked.iter().map(|k| (*k).to_owned()).collect();
+            outcome.cancelled += pass.cancel_pending(&keys, CancelReason::UpstreamFailed).await?.len();
+        }
+        if header.cancel_requested {
+            outcome.cancelled += pass.cancel_waiting().await?.len();
+        } else {
+            if !satisfied.is_empty() {
+                let done: Vec<(String, u32)> = satisfied.into_iter().map(|(k, n)| (k.to_owned(), n)).collect();
+                outcome.dispatched += pass.satisfy_dependencies(&done).await?.len();
+            }
+            outcome.dispatched += pass.promote_due_retries().await?.len();
+        }
+
+        // Derive the run state, compensating first if the run failed.
+        let tally = pass.tally().await?;
+        let mut verdict = derive_run_state(&tally, CompensationProgress::NotStarted);
+        if verdict == Verdict::Compensating {
+            let succeeded = pass.succeeded_keys().await?;
+            let succeeded: BTreeSet<&str> = succeeded.iter().map(String::as_str).collect();
+            let order = compensation_order(def, &succeeded);
+            let keys: Vec<&str> = order.iter().map(|(_, c)| *c).collect();
+            let rows = pass.compensator_states().await?;
+            let states: HashMap<&str, TaskRunState> = rows.iter().map(|(k, s)| (k.as_str(), *s)).collect();
+            let step = next_compensation_step(&keys, &states);
+            if let CompensationStep::Start(key) = &step
+                && let Some((forward, _)) = order.iter().find(|(_, c)| c == key)
+                && pass.create_compensator(key, forward).await?
+            {
+                outcome.dispatched += 1;
+                outcome.compensator = Some(key.clone());
+            }
+            let progress = match step {
+                CompensationStep::Start(_) => CompensationProgress::Outstanding,
+                other => other.progress(!rows.is_empty()),
+            };
+            verdict = derive_run_state(&tally, progress);
+        }
+
+        // Store it along legal edges only (decision 4).
+        let edges: &[RunTransition] = match (header.state, verdict) {
+            (RunState::Pending, Verdict::Running | Verdict::Compensating) => &[RunTransition::Start],
+            (RunState::Pending, Verdict::Settled(RunState::Cancelled)) if !tally.any_started => {
+                &[RunTransition::CancelBeforeStart]
+            }
+            (RunState::Pending, Verdict::Settled(state)) => match final_edge(state) {
+                Some(edge) => &[RunTransition::Start, edge][..],
+                None => &[],
+            },
+            (RunState::Running, Verdict::Settled(state)) => match final_edge(state) {
+                Some(edge) => &[edge][..],
+                None => &[],
+            },
+            _ => &[],
+        };
+        let edges = edges.to_vec();
+        for edge in &edges {
+            if !pass.transition_run(*edge).await? {
+                tracing::warn!(run_id = %run, %edge, "run transition lost a race; the next pass will re-derive");
+                break;
+            }
+        }
+        pass.commit().await?;
+
+        if let Verdict::Settled(state) = verdict
+            && !edges.is_empty()
+        {
+            outcome.settled = Some(state);
+            tracing::info!(run_id = %run, workflow = def.name(), %state, "run finished");
+            self.observers.workflow_done(&RunEvent {
+                run_id: run,
+                workflow: def.name().to_owned(),
+                version: def.version(),
+                state,
+            });
+        }
+        Ok(Some(outcome))
+    }
+
+    /// Runs passes until `shutdown`, sleeping until a notification, the
+    /// earliest retry or lease deadline, or the safety-net interval.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
+        let notifier = self.store.notifier().await?;
+        let mut failures = 0u32;
+        loop {
+            let idle;
+            match self.schedule_once().await {
+                Ok(report) if report.more => {
+                    failures = 0;
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                Ok(report) => {
+                    failures = 0;
+                    idle = !report.progressed();
+                }
+                Err(e) => {
+                    failures += 1;
+                    let wait = crate::backoff(failures);
+                    tracing::error!(error = %e, retry_in_ms = wait.as_millis() as u64, "scheduler pass failed");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(wait) => continue,
+                    }
+                }
+            }
+            let deadline = match self.store.next_deadline(self.config.scope).await {
+                Ok(d) => d.unwrap_or(self.config.safety_net).min(self.config.safety_net),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the next deadline");
+                    self.config.safety_net
+                }
+            };
+            // A deadline already due that the last pass could not act on
+            // (e.g. a run whose definition fails to load) must not spin.
+            let floor = if idle {
+                Duration::from_millis(50)
+            } else {
+                Duration::from_millis(1)
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                () = notifier.notified(Topic::Scheduler) => {}
+                () = tokio::time::sleep(deadline.max(floor)) => {}
+            }
+        }
+    }
+
+    /// The store this scheduler drives.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+}
+
+fn final_edge(state: RunState) -> Option<RunTransition> {
+    match state {
+        RunState::Succeeded => Some(RunTransition::Succeed),
+        RunState::Failed => Some(RunTransition::Fail),
+        RunState::Cancelled => Some(RunTransition::Cancel),
+        RunState::Pending | RunState::Running => None,
+    }
+}

@@ -1,0 +1,505 @@
+//! The worker (spec 000, "The worker"; DESIGN §5): consume a dispatch,
+//! claim the task run with its token, run the trusted handler with a
+//! timeout while heartbeating the lease, store the outcome with the token,
+//! and only then acknowledge.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flowforge_domain::TaskRunState;
+use flowforge_ports::store::{Claim, FinishResult, LeaseStatus, TaskOutcome};
+use flowforge_ports::{
+    Delivery, Dispatch, DispatchConsumer, DispatchQueue, HandlerError, QueueError, RunId, Store, TaskContext,
+    TaskEvent, WorkerId,
+};
+use serde_json::Value;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::cache::DefinitionCache;
+use crate::error::Error;
+use crate::observers::Observers;
+use crate::registry::HandlerRegistry;
+
+/// The default largest task output: 1 MiB (DESIGN §6).
+pub const DEFAULT_OUTPUT_LIMIT: usize = 1024 * 1024;
+
+/// Tuning of a worker.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// How this worker names itself in leases and events.
+    pub id: WorkerId,
+    /// Concurrency slots: one consumer with prefetch 1 each.
+    pub concurrency: usize,
+    /// Lease length; the heartbeat renews it every third of it.
+    pub lease: Duration,
+    /// How long a handler gets to stop after its cancellation fires
+    /// (timeout, cancel, lost lease) before it is abandoned.
+    pub stop_grace: Duration,
+    /// The largest JSON output accepted, in bytes.
+    pub output_limit: usize,
+    /// Task timeouts above this are refused (RabbitMQ's consumer timeout
+    /// would otherwise close the channel under a long task).
+    pub max_task_timeout: Option<Duration>,
+}
+
+impl WorkerConfig {
+    /// A config with the defaults of DESIGN §3 decision 8 and §6.
+    pub fn new(id: WorkerId, concurrency: usize) -> Self {
+        Self {
+            id,
+            concurrency: concurrency.max(1),
+            lease: Duration::from_secs(30),
+            stop_grace: Duration::from_secs(5),
+            output_limit: DEFAULT_OUTPUT_LIMIT,
+            max_task_timeout: None,
+        }
+    }
+}
+
+/// What became of one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    /// The claim matched nothing (duplicate or stale dispatch): acked
+    /// without running.
+    Skipped,
+    /// The attempt ran and its outcome was stored (`Stale` if the lease had
+    /// been lost meanwhile); acked.
+    Finished(FinishResult),
+    /// The store could not be written: nacked for redelivery.
+    Requeued,
+}
+
+/// How an attempt ended, before it is stored.
+enum Ending {
+    Output(Value),
+    Failed(HandlerError),
+    TimedOut(Duration),
+    Cancelled,
+    LeaseLost,
+}
+
+/// In-flight attempts by run, so an embedding process can stop a run's
+/// handlers at once instead of waiting for the next heartbeat.
+#[derive(Debug, Default)]
+struct InFlight {
+    next: AtomicU64,
+    by_run: Mutex<HashMap<RunId, HashMap<u64, CancellationToken>>>,
+}
+
+struct InFlightGuard<'a> {
+    set: &'a InFlight,
+    run: RunId,
+    id: u64,
+}
+
+impl InFlight {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, HashMap<u64, CancellationToken>>> {
+        self.by_run.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn enter(&self, run: RunId, token: CancellationToken) -> InFlightGuard<'_> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().entry(run).or_default().insert(id, token);
+        InFlightGuard { set: self, run, id }
+    }
+
+    fn cancel(&self, run: RunId) -> usize {
+        self.lock().get(&run).map_or(0, |tokens| {
+            tokens.values().for_each(CancellationToken::cancel);
+            tokens.len()
+        })
+    }
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        let mut map = self.set.lock();
+        if let Some(tokens) = map.get_mut(&self.run) {
+            tokens.remove(&self.id);
+            if tokens.is_empty() {
+                map.remove(&self.run);
+            }
+        }
+    }
+}
+
+/// A worker process's engine room.
+pub struct Worker<S: Store, Q> {
+    store: S,
+    queue: Q,
+    defs: Arc<DefinitionCache<S>>,
+    registry: Arc<HandlerRegistry>,
+    observers: Observers,
+    config: WorkerConfig,
+    in_flight: InFlight,
+}
+
+impl<S: Store, Q> std::fmt::Debug for Worker<S, Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
+    /// A worker consuming from `queue`.
+    pub fn new(
+        store: S,
+        queue: Q,
+        defs: Arc<DefinitionCache<S>>,
+        registry: Arc<HandlerRegistry>,
+        observers: Observers,
+        config: WorkerConfig,
+    ) -> Self {
+        Self {
+            store,
+            queue,
+            defs,
+            registry,
+            observers,
+            config,
+            in_flight: InFlight::default(),
+        }
+    }
+
+    /// This worker's config.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
+    }
+
+    /// Stops the handlers of `run` running here now (they end as
+    /// `cancel_running` once the run is cancel-requested). Returns how many.
+    pub fn cancel_run_locally(&self, run: RunId) -> usize {
+        self.in_flight.cancel(run)
+    }
+
+    /// Runs every concurrency slot until `shutdown`: each slot stops
+    /// consuming, finishes and acks its in-flight delivery, and returns.
+    /// A queue-type mismatch ends the worker with that error.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<(), Error> {
+        let mut slots = JoinSet::new();
+        for slot in 0..self.config.concurrency {
+            let me = Arc::clone(&self);
+            let shutdown = shutdown.clone();
+            slots.spawn(async move { me.slot(slot, shutdown).await });
+        }
+        let mut result = Ok(());
+        while let Some(joined) = slots.join_next().await {
+            match joined {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    shutdown.cancel();
+                    result = Err(e);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "a worker slot panicked");
+                    shutdown.cancel();
+                }
+            }
+        }
+        result
+    }
+
+    async fn slot(&self, slot: usize, shutdown: CancellationToken) -> Result<(), Error> {
+        let mut failures = 0u32;
+        loop {
+            let consumer = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                c = self.queue.consumer() => c,
+            };
+            let mut consumer = match consumer {
+                Ok(c) => c,
+                Err(e) if !e.is_transient() => return Err(e.into()),
+                Err(e) => {
+                    failures += 1;
+                    let wait = crate::backoff(failures);
+                    tracing::warn!(slot, error = %e, retry_in_ms = wait.as_millis() as u64, "cannot consume; reconnecting");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(wait) => continue,
+                    }
+                }
+            };
+            loop {
+                let next = tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return Ok(()),
+                    next = consumer.next() => next,
+                };
+                match next {
+                    Ok(Some(delivery)) => {
+                        failures = 0;
+                        if let Err(e) = self.handle(delivery).await {
+                            // The outcome is stored but the ack failed: drop the
+                            // consumer (closing its channel) so the broker
+                            // requeues; the redelivery is acked without running.
+                            tracing::warn!(slot, error = %e, "acknowledgement failed; reconnecting");
+                            break;
+                        }
+                    }
+                    Ok(None) => return Ok(()),
+                    Err(e) => {
+                        failures += 1;
+                        let wait = crate::backoff(failures);
+                        tracing::warn!(slot, error = %e, retry_in_ms = wait.as_millis() as u64, "consumer failed; reconnecting");
+                        tokio::select! {
+                            () = shutdown.cancelled() => return Ok(()),
+                            () = tokio::time::sleep(wait) => break,
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles one delivery end to end. `Err` only when the final ack or
+    /// nack failed (the caller tears the connection down).
+    pub async fn handle<D: Delivery>(&self, delivery: D) -> Result<Handled, QueueError> {
+        let d: Dispatch = delivery.dispatch().clone();
+        let span = tracing::info_span!("task", run_id = %d.run_id, task_key = %d.task_key, token = d.fencing_token, attempt = tracing::field::Empty);
+        async move {
+            let claim = match self
+                .store
+                .claim_task_run(d.task_run_id, d.fencing_token, &self.config.id, self.config.lease)
+                .await
+            {
+                Ok(Some(claim)) => claim,
+                Ok(None) => {
+                    tracing::debug!(
+                        redelivered = delivery.redelivered(),
+                        "not ready at this token (duplicate or stale dispatch); acking without running"
+                    );
+                    delivery.ack().await?;
+                    return Ok(Handled::Skipped);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "claim failed; requeueing the dispatch");
+                    delivery.nack_requeue().await?;
+                    return Ok(Handled::Requeued);
+                }
+            };
+            tracing::Span::current().record("attempt", claim.attempt);
+            let (outcome, event) = self.attempt(&claim).await;
+            match self
+                .store
+                .finish_task_run(claim.task_run_id, claim.token, &self.config.id, outcome)
+                .await
+            {
+                Ok(result) => {
+                    self.report(result, event);
+                    delivery.ack().await?;
+                    Ok(Handled::Finished(result))
+                }
+                Err(e) => {
+                    // Never ack an outcome that is not stored: the
+                    // redelivery finds the row still running and is acked
+                    // without running; the reaper retries the task.
+                    tracing::error!(error = %e, "storing the outcome failed; requeueing the dispatch");
+                    delivery.nack_requeue().await?;
+                    Ok(Handled::Requeued)
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    fn report(&self, result: FinishResult, event: TaskEvent) {
+        match result {
+            FinishResult::Recorded(TaskRunState::Succeeded) => {
+                tracing::info!("task succeeded");
+                self.observers.task_succeeded(&event);
+            }
+            FinishResult::Recorded(TaskRunState::Retrying) => {
+                tracing::warn!(
+                    error = event.error.as_deref().unwrap_or(""),
+                    "attempt failed; retry scheduled"
+                );
+                self.observers.task_retry(&event);
+            }
+            FinishResult::Recorded(TaskRunState::Failed) => {
+                tracing::error!(error = event.error.as_deref().unwrap_or(""), "task failed");
+                self.observers.task_failed(&event);
+            }
+            FinishResult::Recorded(state) => tracing::info!(%state, "task stopped"),
+            FinishResult::Stale => {
+                tracing::warn!("the lease was lost meanwhile; the stale outcome was rejected and audited");
+            }
+        }
+    }
+
+    /// Runs one claimed attempt and turns its ending into the outcome to
+    /// store, plus the observer event describing it.
+    async fn attempt(&self, claim: &Claim) -> (TaskOutcome, TaskEvent) {
+        let mut event = TaskEvent {
+            run_id: claim.run_id,
+            task_key: claim.task_key.clone(),
+            task_type: String::new(),
+            compensate_for: claim.compensate_for.clone(),
+            attempt: claim.attempt,
+            output: None,
+            error: None,
+            retry_in: None,
+        };
+        let permanent = |event: &mut TaskEvent, message: String| {
+            event.error = Some(message.clone());
+            (
+                TaskOutcome::Failed {
+                    error: message,
+                    retry_in: None,
+                },
+                event.clone(),
+            )
+        };
+        let published = match self.defs.get(claim.workflow_id).await {
+            Ok(p) => p,
+            Err(e) => return permanent(&mut event, format!("cannot load the run's definition: {e}")),
+        };
+        let def = &published.definition;
+        let Some(task) = def.task(&claim.task_key) else {
+            return permanent(
+                &mut event,
+                format!("task '{}' is not in the run's definition", claim.task_key),
+            );
+        };
+        event.task_type = task.task_type().to_owned();
+        self.observers.task_start(&event);
+        let policy = def.retry_policy(task);
+        let timeout = def.timeout(task);
+        if let Some(max) = self.config.max_task_timeout
+            && timeout > max
+        {
+            return permanent(
+                &mut event,
+                format!(
+                    "timeout of {}s is above this worker's limit of {}s (the queue's consumer timeout)",
+                    timeout.as_secs_f64(),
+                    max.as_secs_f64()
+                ),
+            );
+        }
+        if !self.registry.contains(task.task_type()) {
+            return permanent(
+                &mut event,
+                format!(
+                    "no handler for task type '{}' on worker {} (it serves: {})",
+                    task.task_type(),
+                    self.config.id,
+                    self.registry.task_types().collect::<Vec<_>>().join(", ")
+                ),
+            );
+        }
+        let keys: Vec<String> = match &claim.compensate_for {
+            Some(forward) => vec![forward.clone()],
+            None => task.depends_on().to_vec(),
+        };
+        let inputs = match self.store.task_inputs(claim.run_id, &keys).await {
+            Ok(i) => i,
+            Err(e) => {
+                let message = format!("could not read the task's inputs: {e}");
+                event.error = Some(message.clone());
+                event.retry_in = policy.next_retry(claim.attempt, false);
+                return (
+                    TaskOutcome::Failed {
+                        error: message,
+                        retry_in: event.retry_in,
+                    },
+                    event,
+                );
+            }
+        };
+        let cancel = CancellationToken::new();
+        let _in_flight = self.in_flight.enter(claim.run_id, cancel.clone());
+        let ctx = TaskContext {
+            run_id: claim.run_id,
+            task_key: claim.task_key.clone(),
+            task_type: task.task_type().to_owned(),
+            attempt: claim.attempt,
+            idempotency_key: format!("{}:{}", claim.run_id, claim.task_key),
+            run_input: inputs.run_input,
+            inputs: inputs.outputs,
+            config: task.config().clone(),
+            cancel: cancel.clone(),
+        };
+        let ending = self.supervise(claim, ctx, timeout, cancel).await;
+        let (error, permanent_failure) = match ending {
+            Ending::Output(output) => match serde_json::to_vec(&output) {
+                Ok(bytes) if bytes.len() <= self.config.output_limit => {
+                    event.output = Some(output.clone());
+                    return (TaskOutcome::Succeeded { output }, event);
+                }
+                Ok(bytes) => (
+                    format!(
+                        "output is {} bytes; the limit is {} bytes",
+                        bytes.len(),
+                        self.config.output_limit
+                    ),
+                    true,
+                ),
+                Err(e) => (format!("output is not JSON-serialisable: {e}"), true),
+            },
+            Ending::Failed(e) => (e.message, e.kind == flowforge_ports::FailureKind::Permanent),
+            Ending::TimedOut(after) => (format!("timed out after {}s", after.as_secs_f64()), false),
+            Ending::Cancelled => return (TaskOutcome::Cancelled, event),
+            Ending::LeaseLost => ("the lease was lost (reaped) while the handler ran".to_owned(), false),
+        };
+        event.error = Some(error.clone());
+        event.retry_in = policy.next_retry(claim.attempt, permanent_failure);
+        (
+            TaskOutcome::Failed {
+                error,
+                retry_in: event.retry_in,
+            },
+            event,
+        )
+    }
+
+    /// Runs the handler until it returns, times out, its run is cancelled or
+    /// its lease is lost, heartbeating every third of the lease.
+    async fn supervise(&self, claim: &Claim, ctx: TaskContext, timeout: Duration, cancel: CancellationToken) -> Ending {
+        let Some(mut handler) = self.registry.invoke(ctx) else {
+            return Ending::Failed(HandlerError::permanent("the handler disappeared from the registry"));
+        };
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let beat = (self.config.lease / 3).max(Duration::from_millis(10));
+        let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
+        let stop = loop {
+            tokio::select! {
+                result = &mut handler => {
+                    return match result {
+                        Ok(output) => Ending::Output(output),
+                        Err(e) => Ending::Failed(e),
+                    };
+                }
+                () = &mut deadline => break Ending::TimedOut(timeout),
+                () = cancel.cancelled() => break Ending::Cancelled,
+                _ = heartbeat.tick() => {
+                    match self.store.renew_lease(claim.task_run_id, claim.token, self.config.lease).await {
+                        Ok(LeaseStatus::Held { cancel_requested: false }) => {}
+                        Ok(LeaseStatus::Held { cancel_requested: true }) => break Ending::Cancelled,
+                        Ok(LeaseStatus::Lost) => break Ending::LeaseLost,
+                        // The lease may still be ours; the next beat retries.
+                        Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+                    }
+                }
+            }
+        };
+        cancel.cancel();
+        if tokio::time::timeout(self.config.stop_grace, &mut handler)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                grace_ms = self.config.stop_grace.as_millis() as u64,
+                "handler ignored its cancellation; abandoning it"
+            );
+        }
+        stop
+    }
+}
