@@ -226,13 +226,10 @@ where
         Ok(outcome)
     }
 
-    /// Starts the scheduler, the outbox publisher and the worker slots for
-    /// `scope` (`Scope::Run` drives only that run; the worker serves
-    /// whatever this engine's publisher dispatches).
-    pub fn serve(&self, scope: Scope) -> Serving {
-        let shutdown = CancellationToken::new();
-        let mut tasks = JoinSet::new();
-        let scheduler = Scheduler::new(
+    /// A scheduler over `scope`, sharing this engine's definitions and
+    /// observers (for stepping a run by hand, e.g. in tests).
+    pub fn scheduler(&self, scope: Scope) -> Scheduler<S> {
+        Scheduler::new(
             self.store.clone(),
             Arc::clone(&self.defs),
             self.observers.clone(),
@@ -240,17 +237,41 @@ where
                 scope,
                 ..SchedulerConfig::default()
             },
-        );
-        let token = shutdown.clone();
-        tasks.spawn(async move { scheduler.run(token).await });
-        let publisher = OutboxPublisher::new(
+        )
+    }
+
+    /// An outbox publisher over `scope` into this engine's queue.
+    pub fn publisher(&self, scope: Scope) -> OutboxPublisher<S, Q> {
+        OutboxPublisher::new(
             self.store.clone(),
             self.queue.clone(),
             PublisherConfig {
                 scope,
                 ..PublisherConfig::default()
             },
-        );
+        )
+    }
+
+    /// This engine's worker.
+    pub fn worker(&self) -> &Arc<Worker<S, Q>> {
+        &self.worker
+    }
+
+    /// This engine's queue.
+    pub fn queue(&self) -> &Q {
+        &self.queue
+    }
+
+    /// Starts the scheduler, the outbox publisher and the worker slots for
+    /// `scope` (`Scope::Run` drives only that run; the worker serves
+    /// whatever this engine's publisher dispatches).
+    pub fn serve(&self, scope: Scope) -> Serving {
+        let shutdown = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        let scheduler = self.scheduler(scope);
+        let token = shutdown.clone();
+        tasks.spawn(async move { scheduler.run(token).await });
+        let publisher = self.publisher(scope);
         let token = shutdown.clone();
         tasks.spawn(async move { publisher.run(token).await });
         let worker = Arc::clone(&self.worker);

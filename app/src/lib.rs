@@ -11,6 +11,7 @@ pub mod command;
 pub mod engine;
 pub mod error;
 pub mod observers;
+pub mod process;
 pub mod publisher;
 pub mod registry;
 pub mod report;
