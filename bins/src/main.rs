@@ -1,1 +1,26 @@
-fn main() {}
+//! The `flowforge` binary: parses the command line, runs the command, and
+//! maps its outcome to an exit code (DESIGN §7). Everything else lives in
+//! [`cli`], one module per command.
+
+// Printing reports and errors is this binary's job: the workspace-wide
+// print lints do not apply here.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    // Usage errors exit 2 (clap's default, and DESIGN §7's "invalid input
+    // or usage"); --help and --version exit 0.
+    let args = cli::Cli::parse();
+    match cli::run(args) {
+        Ok(exit) => exit.into(),
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            cli::Exit::Infrastructure.into()
+        }
+    }
+}

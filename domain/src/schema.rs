@@ -88,7 +88,14 @@ impl ParseError {
     /// Every problem, in the order found.
     pub fn problems(&self) -> Vec<Problem> {
         match self {
-            Self::TooLarge { .. } | Self::Json(_) => vec![Problem {
+            // DESIGN §2: the size limit is part of the shape.
+            Self::TooLarge { .. } => vec![Problem {
+                kind: ProblemKind::Shape,
+                path: "$".into(),
+                task: None,
+                message: self.to_string(),
+            }],
+            Self::Json(_) => vec![Problem {
                 kind: ProblemKind::Json,
                 path: "$".into(),
                 task: None,
@@ -333,7 +340,9 @@ mod tests {
         assert!(p[0].3.contains("deeper than 64"));
 
         let big = vec![b' '; MAX_BODY_BYTES + 1];
-        assert!(matches!(parse_definition(&big), Err(ParseError::TooLarge { .. })));
+        let err = parse_definition(&big).unwrap_err();
+        assert!(matches!(err, ParseError::TooLarge { .. }));
+        assert_eq!(err.problems()[0].kind, ProblemKind::Shape);
     }
 
     #[test]

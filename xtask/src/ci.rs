@@ -1,0 +1,214 @@
+//! `cargo xtask ci`: what CI runs, in order, stopping at the first failure.
+//!
+//! 1. `cargo fmt --all -- --check`
+//! 2. `cargo clippy --workspace --all-targets --all-features -- -D warnings`
+//! 3. check-deps (in process, see [`crate::check_deps`])
+//! 4. `cargo deny check bans licenses sources` with `deny.toml` — never
+//!    `advisories`: the advisory database cannot be fetched here
+//! 5. `cargo deny --manifest-path domain/Cargo.toml --exclude-dev --config
+//!    xtask/deny-domain.toml check bans` — no I/O crate in `domain`'s graph
+//! 6. the tests: `cargo nextest run --workspace --all-features` when
+//!    cargo-nextest is installed (then the doc tests, which nextest does
+//!    not run), else `cargo test --workspace --all-features`; both with
+//!    `--no-fail-fast`, so one run shows every failing test
+//!
+//! Each step prints its duration; the first failing step stops the run,
+//! and the error names it.
+
+use std::ffi::OsString;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+use crate::{cargo, project_root};
+
+/// `cargo deny` rooted at `domain`, its dev-dependencies excluded, with
+/// the bans of xtask/deny-domain.toml (also run by `deny-selftest`).
+pub(crate) const DENY_DOMAIN: &[&str] = &[
+    "deny",
+    "--manifest-path",
+    "domain/Cargo.toml",
+    "--exclude-dev",
+    "--config",
+    "xtask/deny-domain.toml",
+    "check",
+    "bans",
+];
+
+/// One CI step.
+#[derive(Debug)]
+enum Action {
+    /// `cargo <args>` in the workspace root.
+    Cargo(Vec<&'static str>),
+    /// A function of this crate.
+    InProcess(fn() -> Result<()>),
+}
+
+#[derive(Debug)]
+struct Step {
+    name: &'static str,
+    action: Action,
+}
+
+/// The steps, in order. Tests with nextest when it is installed.
+fn steps(nextest: bool) -> Vec<Step> {
+    let cargo_step = |name, args: &[&'static str]| Step {
+        name,
+        action: Action::Cargo(args.to_vec()),
+    };
+    let mut steps = vec![
+        cargo_step("fmt", &["fmt", "--all", "--", "--check"]),
+        cargo_step(
+            "clippy",
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--all-features",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        ),
+        Step {
+            name: "check-deps",
+            action: Action::InProcess(|| crate::check_deps::check(&project_root())),
+        },
+        cargo_step("deny (workspace)", &["deny", "check", "bans", "licenses", "sources"]),
+        cargo_step("deny (domain)", DENY_DOMAIN),
+    ];
+    if nextest {
+        steps.push(cargo_step(
+            "tests (nextest)",
+            &["nextest", "run", "--workspace", "--all-features", "--no-fail-fast"],
+        ));
+        steps.push(cargo_step(
+            "doc tests",
+            &["test", "--workspace", "--all-features", "--doc"],
+        ));
+    } else {
+        steps.push(cargo_step(
+            "tests",
+            &["test", "--workspace", "--all-features", "--no-fail-fast"],
+        ));
+    }
+    steps
+}
+
+/// `cargo xtask ci`.
+pub(crate) fn run(args: &[String]) -> Result<()> {
+    if let Some(arg) = args.first() {
+        bail!("ci takes no arguments, got `{arg}`");
+    }
+    if !cargo_has("deny") {
+        bail!("cargo-deny is not installed: run `cargo install cargo-deny --locked` (or use .ci/run, which does)");
+    }
+    let steps = steps(cargo_has("nextest"));
+    let total = steps.len();
+    let mut timings: Vec<(&str, Duration)> = Vec::new();
+    let started = Instant::now();
+    for (n, step) in steps.iter().enumerate() {
+        println!("\n==> [{}/{total}] {}", n + 1, step.name);
+        let t0 = Instant::now();
+        let outcome = execute(&step.action);
+        let took = t0.elapsed();
+        if let Err(error) = outcome {
+            print_timings(&timings);
+            bail!(
+                "CI step {}/{total} `{}` failed after {}: {error:#}",
+                n + 1,
+                step.name,
+                secs(took)
+            );
+        }
+        println!("<== {} ok in {}", step.name, secs(took));
+        timings.push((step.name, took));
+    }
+    print_timings(&timings);
+    println!("ci: all {total} steps passed in {}", secs(started.elapsed()));
+    Ok(())
+}
+
+fn execute(action: &Action) -> Result<()> {
+    match action {
+        Action::InProcess(f) => f(),
+        Action::Cargo(args) => {
+            println!("$ cargo {}", args.join(" "));
+            let status = Command::new(cargo()).args(args).current_dir(project_root()).status()?;
+            if !status.success() {
+                bail!("`cargo {}` exited with {status}", args.join(" "));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Whether `cargo <sub> --version` works (the subcommand is installed).
+fn cargo_has(sub: &str) -> bool {
+    Command::new(cargo())
+        .args([OsString::from(sub), OsString::from("--version")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn print_timings(timings: &[(&str, Duration)]) {
+    if timings.is_empty() {
+        return;
+    }
+    println!("\nstep durations:");
+    for (name, took) in timings {
+        println!("  {name:<18} {:>8}", secs(*took));
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(nextest: bool) -> Vec<&'static str> {
+        steps(nextest).iter().map(|s| s.name).collect()
+    }
+
+    #[test]
+    fn the_steps_run_in_the_documented_order() {
+        assert_eq!(
+            names(false),
+            [
+                "fmt",
+                "clippy",
+                "check-deps",
+                "deny (workspace)",
+                "deny (domain)",
+                "tests"
+            ]
+        );
+        assert_eq!(
+            names(true),
+            [
+                "fmt",
+                "clippy",
+                "check-deps",
+                "deny (workspace)",
+                "deny (domain)",
+                "tests (nextest)",
+                "doc tests"
+            ]
+        );
+    }
+
+    #[test]
+    fn advisories_are_never_checked() {
+        for step in steps(true) {
+            if let Action::Cargo(args) = &step.action {
+                assert!(!args.contains(&"advisories") && !args.contains(&"all"), "{args:?}");
+            }
+        }
+    }
+}
