@@ -132,6 +132,12 @@ impl HandlerRegistry {
         self
     }
 
+    /// Adds every handler of `other`, replacing same-named ones here.
+    pub fn extend(&mut self, other: HandlerRegistry) -> &mut Self {
+        self.handlers.extend(other.handlers);
+        self
+    }
+
     /// The handler of `task_type`.
     pub fn get(&self, task_type: &str) -> Option<&Arc<dyn ErasedHandler>> {
         self.handlers.get(task_type)

@@ -323,7 +323,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 self.observers.task_retry(&event);
             }
             FinishResult::Recorded(TaskRunState::Failed) => {
-                tracing::error!(error = event.error.as_deref().unwrap_or(""), "task failed");
+                tracing::warn!(error = event.error.as_deref().unwrap_or(""), "task failed");
                 self.observers.task_failed(&event);
             }
             FinishResult::Recorded(state) => tracing::info!(%state, "task stopped"),

@@ -14,20 +14,83 @@
 //! (exit 4); invalid input is a report plus exit 2, not an `Err`.
 
 pub(crate) mod graph;
+pub(crate) mod migrate;
+pub(crate) mod processes;
+pub(crate) mod progress;
+pub(crate) mod run;
+pub(crate) mod runs;
+pub(crate) mod store;
+pub(crate) mod submit;
 pub(crate) mod validate;
+pub(crate) mod workers;
 
 use std::io::{self, Write};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
-/// FlowForge: a DAG workflow engine. Reports go to stdout; exit codes: 0 ok,
-/// 2 invalid input or usage, 4 infrastructure error.
+/// FlowForge: a DAG workflow engine.
+///
+/// Exit codes: 0 ok / run succeeded, 1 run failed, 2 invalid input or
+/// usage, 3 run cancelled, 4 infrastructure error (database or broker
+/// unreachable, migration missing), 130 interrupted.
 #[derive(Debug, Parser)]
 #[command(name = "flowforge", version, propagate_version = true)]
 pub(crate) struct Cli {
+    #[command(flatten)]
+    pub(crate) global: Global,
     #[command(subcommand)]
     pub(crate) command: Command,
+}
+
+/// DESIGN §7's global options, each with its environment variable.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct Global {
+    /// The store: `sqlite://path.db` (created on first use),
+    /// `sqlite::memory:`, or `postgres://user@host/db`.
+    #[arg(long, global = true, env = "FLOWFORGE_DB", default_value = flowforge::DEFAULT_DATABASE, value_name = "URL")]
+    pub(crate) db: String,
+    /// The RabbitMQ broker of the distributed processes.
+    #[arg(
+        long,
+        global = true,
+        env = "FLOWFORGE_AMQP",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        value_name = "URL"
+    )]
+    pub(crate) amqp: String,
+    /// The dispatch queue (a quorum queue) of the distributed processes.
+    #[arg(
+        long,
+        global = true,
+        env = "FLOWFORGE_QUEUE",
+        default_value = "flowforge.tasks",
+        value_name = "NAME"
+    )]
+    pub(crate) queue: String,
+    /// How long a running task's lease lasts; workers renew it every third.
+    #[arg(long, global = true, env = "FLOWFORGE_LEASE_SECONDS", default_value_t = 30, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(3..=86_400))]
+    pub(crate) lease_seconds: u64,
+    /// Log line format (logs go to stderr; `RUST_LOG` sets the level).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
+}
+
+impl Global {
+    /// The lease as a duration.
+    pub(crate) fn lease(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.lease_seconds)
+    }
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// The subcommands.
@@ -39,19 +102,94 @@ pub(crate) enum Command {
     /// Draw a definition: its DAG (dependency -> dependent), levels,
     /// topological order and compensators.
     Graph(graph::Args),
+    /// Run a definition in this process (embedded: SQLite by default, the
+    /// in-process queue), with live progress and a report at the end.
+    Run(run::Args),
+    /// Runs in the store: list, show, cancel.
+    #[command(subcommand)]
+    Runs(runs::Command),
+    /// Apply the store's migrations to --db.
+    Migrate(migrate::Args),
+    /// Distributed: the scheduler process (promotes, cancels, compensates,
+    /// reaps expired leases). Stops gracefully on SIGTERM/SIGINT.
+    Scheduler(processes::SchedulerArgs),
+    /// Distributed: the outbox publisher process (outbox -> RabbitMQ).
+    Publisher(processes::PublisherArgs),
+    /// Distributed: a worker process (RabbitMQ -> handlers).
+    Worker(processes::WorkerArgs),
+    /// Publish a definition and start a run through --db (distributed).
+    Submit(submit::Args),
+    /// Registered workers.
+    #[command(subcommand)]
+    Workers(workers::Command),
+}
+
+impl Command {
+    /// The log level when `RUST_LOG` is unset: the long-running processes
+    /// narrate, the one-shot commands stay quiet (their output is the point).
+    fn default_log_level(&self) -> &'static str {
+        match self {
+            Self::Scheduler(_) | Self::Publisher(_) | Self::Worker(_) => "info",
+            _ => "error",
+        }
+    }
 }
 
 /// Runs the parsed command line.
 pub(crate) fn run(cli: Cli) -> anyhow::Result<Exit> {
+    init_logging(cli.global.log_format, cli.command.default_log_level());
     match cli.command {
         Command::Validate(args) => validate::run(&args),
         Command::Graph(args) => graph::run(&args),
+        command => runtime()?.block_on(run_async(cli.global, command)),
+    }
+}
+
+async fn run_async(global: Global, command: Command) -> anyhow::Result<Exit> {
+    match command {
+        Command::Run(args) => run::run(&global, &args).await,
+        Command::Runs(cmd) => runs::run(&global, cmd).await,
+        Command::Migrate(args) => migrate::run(&global, &args).await,
+        Command::Scheduler(args) => processes::scheduler(&global, &args).await,
+        Command::Publisher(args) => processes::publisher(&global, &args).await,
+        Command::Worker(args) => processes::worker(&global, &args).await,
+        Command::Submit(args) => submit::run(&global, &args).await,
+        Command::Workers(cmd) => workers::run(&global, cmd).await,
+        Command::Validate(_) | Command::Graph(_) => unreachable!("handled without a runtime"),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+fn init_logging(format: LogFormat, default_level: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(io::stderr)
+        .with_ansi(io::IsTerminal::is_terminal(&io::stderr()) && std::env::var_os("NO_COLOR").is_none());
+    // A second initialisation (tests calling `run` twice) is harmless.
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Reports an application error on stderr and picks its exit code:
+/// infrastructure (4) or invalid input (2).
+pub(crate) fn fail(error: &flowforge::Error) -> Exit {
+    eprintln!("error: {error}");
+    if error.is_infrastructure() {
+        Exit::Infrastructure
+    } else {
+        Exit::Invalid
     }
 }
 
 /// The exit codes of DESIGN §7. Not every command uses every code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(dead_code)] // the run-related codes arrive with `run` and `submit`
 pub(crate) enum Exit {
     /// 0: ok / the run succeeded.
     Ok = 0,

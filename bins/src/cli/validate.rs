@@ -6,8 +6,9 @@
 //! (`bins/schemas/validate-report.schema.json`):
 //! `{ "files": [ { "file", "valid", "fingerprint", "errors": [ { "kind",
 //! "path", "task", "message" } ] } ] }`. `kind` is `io` (the file could not
-//! be read; `path` is null), `json` (not JSON, or over the size limit),
-//! `shape` (JSON Schema) or `graph` (graph and value rules; `path` is the
+//! be read; `path` is null), `json` (not JSON), `shape` (JSON Schema,
+//! including the size and nesting limits) or `graph` (graph and value
+//! rules; `path` is the
 //! `$.tasks[i]` of the task named).
 //!
 //! Exit 0 when every file is valid, 2 otherwise.

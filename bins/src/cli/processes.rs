@@ -1,0 +1,164 @@
+//! The distributed processes: `flowforge scheduler`, `flowforge publisher`
+//! and `flowforge worker`. Each runs until SIGTERM/SIGINT, then stops
+//! gracefully (a worker finishes and acks its in-flight tasks) and exits 0.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flowforge::{BuiltinOptions, HandlerRegistry};
+use flowforge_adapters_rabbit::{RabbitConfig, RabbitPublisher, RabbitQueue};
+use flowforge_app::cache::DefinitionCache;
+use flowforge_app::process::run_registered;
+use flowforge_app::publisher::{OutboxPublisher, PublisherConfig};
+use flowforge_app::scheduler::{Scheduler, SchedulerConfig};
+use flowforge_app::worker::{Worker, WorkerConfig};
+use flowforge_ports::store::WorkerRegistration;
+use flowforge_ports::{Store, WorkerId};
+use tokio_util::sync::CancellationToken;
+
+use super::run::{host, interrupted};
+use super::store::with_store;
+use super::{Exit, Global, fail};
+
+/// Arguments of `flowforge scheduler`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct SchedulerArgs {}
+
+/// Arguments of `flowforge publisher`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PublisherArgs {}
+
+/// Arguments of `flowforge worker`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct WorkerArgs {
+    /// Concurrency slots (one consumer with prefetch 1 each; default: CPUs).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub(crate) concurrency: Option<u32>,
+    /// Allow `command` tasks, which run programs on this host. Off by
+    /// default: a worker runs only what its operator allows.
+    #[arg(long)]
+    pub(crate) allow_command: bool,
+}
+
+/// A token cancelled at the first SIGTERM or SIGINT.
+fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let trigger = token.clone();
+    tokio::spawn(async move {
+        interrupted().await;
+        tracing::info!("stopping gracefully");
+        trigger.cancel();
+    });
+    token
+}
+
+fn rabbit(global: &Global) -> RabbitConfig {
+    let mut config = RabbitConfig::new(global.amqp.clone());
+    config.queue.clone_from(&global.queue);
+    config.routing_key.clone_from(&global.queue);
+    config
+}
+
+fn finished(result: Result<(), flowforge::Error>) -> Exit {
+    match result {
+        Ok(()) => Exit::Ok,
+        Err(e) => fail(&e),
+    }
+}
+
+/// `flowforge scheduler`.
+pub(crate) async fn scheduler(global: &Global, _args: &SchedulerArgs) -> anyhow::Result<Exit> {
+    with_store!(&global.db, |store| {
+        let scheduler = Scheduler::new(
+            store.clone(),
+            Arc::new(DefinitionCache::new(store)),
+            Default::default(),
+            SchedulerConfig::default(),
+        );
+        tracing::info!("scheduler started");
+        Ok(finished(scheduler.run(shutdown_on_signal()).await))
+    })
+}
+
+/// `flowforge publisher`.
+pub(crate) async fn publisher(global: &Global, _args: &PublisherArgs) -> anyhow::Result<Exit> {
+    let queue = match RabbitPublisher::new(rabbit(global)) {
+        Ok(q) => q,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(Exit::Invalid);
+        }
+    };
+    with_store!(&global.db, |store| {
+        let publisher = OutboxPublisher::new(store, queue, PublisherConfig::default());
+        tracing::info!(queue = %global.queue, "outbox publisher started");
+        Ok(finished(publisher.run(shutdown_on_signal()).await))
+    })
+}
+
+/// `flowforge worker`.
+pub(crate) async fn worker(global: &Global, args: &WorkerArgs) -> anyhow::Result<Exit> {
+    let config = rabbit(global);
+    let max_task_timeout = config.max_task_timeout();
+    let queue = match RabbitQueue::new(config) {
+        Ok(q) => q,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(Exit::Invalid);
+        }
+    };
+    with_store!(&global.db, |store| serve_worker(
+        store,
+        queue,
+        global,
+        args,
+        max_task_timeout
+    )
+    .await)
+}
+
+async fn serve_worker<S: Store>(
+    store: S,
+    queue: RabbitQueue,
+    global: &Global,
+    args: &WorkerArgs,
+    max_task_timeout: Duration,
+) -> anyhow::Result<Exit> {
+    let mut registry = HandlerRegistry::new();
+    flowforge_app::register_builtins(
+        &mut registry,
+        BuiltinOptions {
+            allow_command: args.allow_command,
+            base_dir: std::env::current_dir()?,
+            ..BuiltinOptions::default()
+        },
+    );
+    let id = WorkerId(format!("{}:{}:{:04x}", host(), std::process::id(), fastrand::u16(..)));
+    let concurrency = args.concurrency.map_or_else(
+        || std::thread::available_parallelism().map_or(2, usize::from),
+        |n| n as usize,
+    );
+    let mut config = WorkerConfig::new(id.clone(), concurrency);
+    config.lease = global.lease();
+    config.max_task_timeout = Some(max_task_timeout);
+    let registration = WorkerRegistration {
+        id,
+        host: host(),
+        pid: std::process::id(),
+        task_types: registry.task_types().map(str::to_owned).collect(),
+        concurrency: concurrency as u32,
+    };
+    let worker = Arc::new(Worker::new(
+        store.clone(),
+        queue,
+        Arc::new(DefinitionCache::new(store.clone())),
+        Arc::new(registry),
+        Default::default(),
+        config,
+    ));
+    tracing::info!(worker = %registration.id, concurrency, queue = %global.queue, "worker started");
+    let every = global.lease() / 3;
+    Ok(finished(
+        run_registered(worker, store, registration, every, shutdown_on_signal()).await,
+    ))
+}

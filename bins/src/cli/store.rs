@@ -1,0 +1,105 @@
+//! Opening the store `--db` names: SQLite (embedded, migrated on open) or
+//! PostgreSQL (migrated by `flowforge migrate`). Commands are generic over
+//! the store; [`with_store!`](crate::cli::store::with_store) picks the
+//! concrete type from the URL.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use flowforge::SqliteStore;
+use flowforge_adapters_postgres::{PgOptions, PgStore};
+use flowforge_ports::SystemClock;
+
+/// Which kind of store a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `sqlite:`…
+    Sqlite,
+    /// `postgres://` or `postgresql://`.
+    Postgres,
+}
+
+/// Classifies a `--db` URL, refusing anything else with a usage error.
+pub(crate) fn kind(url: &str) -> Result<Kind, String> {
+    if url.starts_with("sqlite:") {
+        Ok(Kind::Sqlite)
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Kind::Postgres)
+    } else {
+        Err(format!(
+            "--db {url:?} is not a store URL: use sqlite://path.db, sqlite::memory: or postgres://user@host/db"
+        ))
+    }
+}
+
+/// Opens a SQLite store, creating and migrating it as needed.
+pub(crate) async fn sqlite(url: &str) -> anyhow::Result<SqliteStore> {
+    SqliteStore::connect(url, Arc::new(SystemClock))
+        .await
+        .with_context(|| format!("opening {url}"))
+}
+
+/// Opens a PostgreSQL store whose migrations are applied.
+pub(crate) async fn postgres(url: &str) -> anyhow::Result<PgStore> {
+    PgStore::connect(url, Arc::new(SystemClock), PgOptions::default())
+        .await
+        .with_context(|| format!("opening {}", redact(url)))
+}
+
+/// The URL without its password, for messages.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Opens the store `$url` names as `$store` and evaluates `$body` with it;
+/// an unknown scheme prints a usage error and evaluates to `Exit::Invalid`,
+/// a store that cannot be opened to `Exit::Infrastructure`.
+macro_rules! with_store {
+    ($url:expr, |$store:ident| $body:expr) => {{
+        let url: &str = $url;
+        match $crate::cli::store::kind(url) {
+            Err(message) => {
+                eprintln!("error: {message}");
+                Ok($crate::cli::Exit::Invalid)
+            }
+            Ok($crate::cli::store::Kind::Sqlite) => match $crate::cli::store::sqlite(url).await {
+                Ok($store) => $body,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    Ok($crate::cli::Exit::Infrastructure)
+                }
+            },
+            Ok($crate::cli::store::Kind::Postgres) => match $crate::cli::store::postgres(url).await {
+                Ok($store) => $body,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    Ok($crate::cli::Exit::Infrastructure)
+                }
+            },
+        }
+    }};
+}
+pub(crate) use with_store;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_classified_and_redacted() {
+        assert_eq!(kind("sqlite::memory:"), Ok(Kind::Sqlite));
+        assert_eq!(kind("postgresql://x/y"), Ok(Kind::Postgres));
+        assert!(kind("mysql://x").is_err());
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+    }
+}

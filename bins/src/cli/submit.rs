@@ -1,0 +1,90 @@
+//! `flowforge submit FILE [--input …] [--wait]`: publish a definition and
+//! start a run directly through `--db`, for operators of the distributed
+//! mode (until the HTTP API exists). Task types must be built in or served
+//! by a live worker. With `--wait`, waits for the run and prints its
+//! report; Ctrl-C then cancels the run and exits 130.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use flowforge_app::process::{publish_checked, wait_for_run};
+use flowforge_ports::Store;
+
+use super::run::{exit_for, interrupted, load_definition, parse_input};
+use super::runs::{Output, print_run_report, report_of};
+use super::store::with_store;
+use super::{Exit, Global, fail};
+
+/// Arguments of `flowforge submit`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The definition file (JSON).
+    #[arg(value_name = "FILE")]
+    pub(crate) file: PathBuf,
+    /// The run input: inline JSON, or `@path` to read it from a file.
+    #[arg(long, value_name = "JSON|@FILE")]
+    pub(crate) input: Option<String>,
+    /// Wait for the run to end and print its report.
+    #[arg(long)]
+    pub(crate) wait: bool,
+    /// Report format (with --wait).
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub(crate) output: Output,
+}
+
+/// `flowforge submit`.
+pub(crate) async fn run(global: &Global, args: &Args) -> anyhow::Result<Exit> {
+    let def = match load_definition(&args.file) {
+        Ok(def) => def,
+        Err(exit) => return Ok(exit),
+    };
+    let input = match parse_input(args.input.as_deref()) {
+        Ok(v) => v,
+        Err(exit) => return Ok(exit),
+    };
+    with_store!(&global.db, |store| submit(store, args, &def, input).await)
+}
+
+async fn submit<S: Store>(
+    store: S,
+    args: &Args,
+    def: &flowforge_domain::WorkflowDefinition,
+    input: serde_json::Value,
+) -> anyhow::Result<Exit> {
+    let published = match publish_checked(&store, def).await {
+        Ok(p) => p,
+        Err(e) => return Ok(fail(&e)),
+    };
+    let run = store.start_run(published.id, input).await?;
+    if !args.wait {
+        println!("{run}");
+        return Ok(Exit::Ok);
+    }
+    eprintln!("run {run} started; waiting for it to end");
+    let mut interrupted_once = false;
+    loop {
+        tokio::select! {
+            state = wait_for_run(&store, run, Duration::from_secs(2)) => {
+                if let Err(e) = state {
+                    return Ok(fail(&e));
+                }
+                break;
+            }
+            () = interrupted(), if !interrupted_once => {
+                interrupted_once = true;
+                eprintln!("cancelling run {run}");
+                store.request_cancel(run).await?;
+            }
+        }
+    }
+    let Some(report) = report_of(&store, run).await? else {
+        eprintln!("error: run {run} vanished");
+        return Ok(Exit::Infrastructure);
+    };
+    print_run_report(&report, args.output)?;
+    Ok(if interrupted_once {
+        Exit::Interrupted
+    } else {
+        exit_for(report.run_state())
+    })
+}
