@@ -6,6 +6,8 @@
 //! implementations write `async fn`. Every method documents its contract.
 
 pub mod clock;
+#[cfg(feature = "test-util")]
+pub mod contract;
 pub mod handler;
 pub mod ids;
 pub mod observer;

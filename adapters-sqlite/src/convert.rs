@@ -1,0 +1,77 @@
+//! Conversions between SQLite column values and the ports' types.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use flowforge_ports::{Clock, RunId};
+use serde_json::Value;
+
+use crate::error::DecodeError;
+
+/// The longest duration bound into SQL: a century. Larger values would
+/// overflow SQLite's 64-bit arithmetic into REAL, which a STRICT INTEGER
+/// column refuses.
+const MAX_DURATION_MS: u128 = 100 * 365 * 24 * 3600 * 1000;
+
+/// A duration in whole milliseconds, clamped to [`MAX_DURATION_MS`].
+pub(crate) fn duration_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis().min(MAX_DURATION_MS)).unwrap_or(i64::MAX)
+}
+
+/// The clock's offset in milliseconds: bound as `?1` of every statement
+/// that computes store time.
+pub(crate) fn offset_ms(clock: &dyn Clock) -> i64 {
+    clock.offset().num_milliseconds()
+}
+
+/// A stored time (milliseconds since the epoch).
+pub(crate) fn time(column: &'static str, millis: i64) -> Result<DateTime<Utc>, DecodeError> {
+    DateTime::from_timestamp_millis(millis).ok_or(DecodeError::Time { column, millis })
+}
+
+/// A nullable stored time.
+pub(crate) fn opt_time(column: &'static str, millis: Option<i64>) -> Result<Option<DateTime<Utc>>, DecodeError> {
+    millis.map(|m| time(column, m)).transpose()
+}
+
+/// A stored enum name (state, reason, transition).
+pub(crate) fn name<T: FromStr>(column: &'static str, value: &str) -> Result<T, DecodeError> {
+    value.parse().map_err(|_| DecodeError::UnknownName {
+        column,
+        value: value.to_owned(),
+    })
+}
+
+/// A nullable stored enum name.
+pub(crate) fn opt_name<T: FromStr>(column: &'static str, value: Option<&str>) -> Result<Option<T>, DecodeError> {
+    value.map(|v| name(column, v)).transpose()
+}
+
+/// A stored run id.
+pub(crate) fn run_id(value: &str) -> Result<RunId, DecodeError> {
+    value.parse().map_err(|_| DecodeError::Uuid(value.to_owned()))
+}
+
+/// The text form a run id is stored in.
+pub(crate) fn run_key(run: RunId) -> String {
+    run.0.hyphenated().to_string()
+}
+
+/// A stored JSON document.
+pub(crate) fn json(column: &'static str, text: &str) -> Result<Value, DecodeError> {
+    serde_json::from_str(text).map_err(|e| DecodeError::Json {
+        column,
+        problem: e.to_string(),
+    })
+}
+
+/// A stored non-negative number that must fit a `u32`.
+pub(crate) fn u32_of(column: &'static str, value: i64) -> Result<u32, DecodeError> {
+    u32::try_from(value).map_err(|_| DecodeError::Number { column, value })
+}
+
+/// A stored count.
+pub(crate) fn u64_of(column: &'static str, value: i64) -> Result<u64, DecodeError> {
+    u64::try_from(value).map_err(|_| DecodeError::Number { column, value })
+}

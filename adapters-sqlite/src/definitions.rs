@@ -1,0 +1,283 @@
+//! Publishing and loading definitions (spec 001 "Publishing" and "Loading").
+//!
+//! The task rows are the authority on load: they are re-validated through
+//! the domain constructors, and the result must fingerprint to the stored
+//! fingerprint. The `definition` column (the document as written) supplies
+//! only what has no column of its own: the workflow defaults.
+
+use std::sync::Arc;
+
+use flowforge_domain::{Defaults, RetrySpec, TaskDocument, WorkflowDefinition, WorkflowDocument};
+use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, StoreError, WorkflowId};
+use serde_json::{Map, Value, json};
+use sqlx::SqliteExecutor;
+
+use crate::convert::time;
+use crate::error::{is_unique_violation, store_error};
+use crate::store::SqliteStore;
+
+#[derive(Debug, sqlx::FromRow)]
+struct WorkflowRow {
+    id: i64,
+    name: String,
+    version: i64,
+    description: String,
+    fingerprint: String,
+    definition: String,
+    created_at: i64,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct TaskRow {
+    key: String,
+    task_type: String,
+    depends_on: String,
+    config: Option<String>,
+    timeout_seconds: Option<f64>,
+    retry: Option<String>,
+    compensate_for: Option<String>,
+    max_attempts: i64,
+}
+
+/// The task rows of `def`, as one JSON array for a `json_each` insert.
+fn task_rows(def: &WorkflowDefinition) -> Result<String, StoreError> {
+    let rows: Vec<Value> = def
+        .tasks()
+        .iter()
+        .map(|t| {
+            let mut row = Map::new();
+            row.insert("key".into(), json!(t.key()));
+            row.insert("task_type".into(), json!(t.task_type()));
+            row.insert("depends_on".into(), json!(t.depends_on()));
+            if let Some(c) = &t.document().config {
+                row.insert("config".into(), c.clone());
+            }
+            if let Some(s) = t.timeout_seconds() {
+                row.insert("timeout_seconds".into(), json!(s));
+            }
+            if let Some(r) = t.retry() {
+                row.insert("retry".into(), json!(r));
+            }
+            if let Some(c) = t.compensate_for() {
+                row.insert("compensate_for".into(), json!(c));
+            }
+            row.insert("max_attempts".into(), json!(def.retry_policy(t).max_attempts));
+            Value::Object(row)
+        })
+        .collect();
+    serde_json::to_string(&rows).map_err(|e| StoreError::Other(format!("cannot encode task rows: {e}")))
+}
+
+async fn workflow_row<'e>(exec: impl SqliteExecutor<'e>, id: WorkflowId) -> Result<Option<WorkflowRow>, StoreError> {
+    sqlx::query_as(
+        "SELECT id, name, version, description, fingerprint, definition, created_at FROM workflow WHERE id = ?1",
+    )
+    .bind(id.0)
+    .fetch_optional(exec)
+    .await
+    .map_err(store_error)
+}
+
+async fn task_rows_of<'e>(exec: impl SqliteExecutor<'e>, id: WorkflowId) -> Result<Vec<TaskRow>, StoreError> {
+    sqlx::query_as(
+        "SELECT key, task_type, depends_on, config, timeout_seconds, retry, compensate_for, max_attempts \
+         FROM task WHERE workflow_id = ?1 ORDER BY position",
+    )
+    .bind(id.0)
+    .fetch_all(exec)
+    .await
+    .map_err(store_error)
+}
+
+/// Rebuilds and re-validates a definition from its rows.
+fn assemble(w: WorkflowRow, rows: Vec<TaskRow>) -> Result<Published, LoadError> {
+    let workflow = format!("'{}' version {} (id {})", w.name, w.version, w.id);
+    let invalid = |problem: String| LoadError::Invalid {
+        workflow: workflow.clone(),
+        problem,
+    };
+    let written: Value =
+        serde_json::from_str(&w.definition).map_err(|e| invalid(format!("the stored document does not parse: {e}")))?;
+    let defaults: Option<Defaults> = match written.get("defaults") {
+        None | Some(Value::Null) => None,
+        Some(d) => Some(
+            serde_json::from_value(d.clone())
+                .map_err(|e| invalid(format!("the stored defaults are not valid: {e}")))?,
+        ),
+    };
+    let version = u32::try_from(w.version).map_err(|_| invalid(format!("version {} is out of range", w.version)))?;
+    let mut tasks = Vec::with_capacity(rows.len());
+    let mut max_attempts = Vec::with_capacity(rows.len());
+    for row in rows {
+        let depends_on: Vec<String> = serde_json::from_str(&row.depends_on)
+            .map_err(|e| invalid(format!("task '{}': depends_on is not a list of keys: {e}", row.key)))?;
+        let config: Option<Value> = row
+            .config
+            .as_deref()
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(|e| invalid(format!("task '{}': config is not JSON: {e}", row.key)))?;
+        let retry: Option<RetrySpec> = row
+            .retry
+            .as_deref()
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(|e| invalid(format!("task '{}': retry is not a retry policy: {e}", row.key)))?;
+        max_attempts.push((row.key.clone(), row.max_attempts));
+        tasks.push(TaskDocument {
+            key: row.key,
+            task_type: row.task_type,
+            depends_on,
+            config,
+            timeout_seconds: row.timeout_seconds,
+            retry,
+            compensate_for: row.compensate_for,
+        });
+    }
+    let document = WorkflowDocument {
+        name: w.name.clone(),
+        version,
+        description: (!w.description.is_empty()).then(|| w.description.clone()),
+        defaults,
+        tasks,
+    };
+    let definition = WorkflowDefinition::from_document(document).map_err(|e| invalid(e.to_string()))?;
+    for (key, stored) in max_attempts {
+        let effective = definition
+            .task(&key)
+            .map(|t| i64::from(definition.retry_policy(t).max_attempts));
+        if effective != Some(stored) {
+            return Err(invalid(format!(
+                "task '{key}': stored max_attempts {stored} differs from its retry policy's {}",
+                effective.unwrap_or_default()
+            )));
+        }
+    }
+    let fingerprint = definition.fingerprint();
+    if fingerprint != w.fingerprint {
+        return Err(invalid(format!(
+            "its rows give fingerprint {fingerprint}, not the published {}: a task row was changed or lost",
+            w.fingerprint
+        )));
+    }
+    let created_at = time("workflow.created_at", w.created_at).map_err(StoreError::from)?;
+    Ok(Published {
+        id: WorkflowId(w.id),
+        definition: Arc::new(definition),
+        fingerprint,
+        created_at,
+        created: false,
+    })
+}
+
+impl SqliteStore {
+    async fn load(&self, id: WorkflowId) -> Result<Option<Published>, LoadError> {
+        let mut tx = self.inner.reader.begin().await.map_err(store_error)?;
+        let Some(w) = workflow_row(&mut *tx, id).await? else {
+            return Ok(None);
+        };
+        let rows = task_rows_of(&mut *tx, id).await?;
+        tx.commit().await.map_err(store_error)?;
+        assemble(w, rows).map(Some)
+    }
+}
+
+impl DefinitionStore for SqliteStore {
+    async fn publish_definition(&self, def: &WorkflowDefinition) -> Result<Published, PublishError> {
+        let fingerprint = def.fingerprint();
+        let document = serde_json::to_string(&def.document())
+            .map_err(|e| StoreError::Other(format!("cannot encode the definition: {e}")))?;
+        let tasks = task_rows(def)?;
+        let offset = self.inner.offset();
+        let mut tx = self.inner.write().await?;
+        let existing: Option<(i64, String)> =
+            sqlx::query_as("SELECT id, fingerprint FROM workflow WHERE name = ?1 AND version = ?2")
+                .bind(def.name())
+                .bind(i64::from(def.version()))
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(store_error)?;
+        if let Some((id, stored)) = existing {
+            drop(tx);
+            if stored != fingerprint {
+                return Err(PublishError::Conflict {
+                    name: def.name().to_owned(),
+                    version: def.version(),
+                    existing: stored,
+                    new: fingerprint,
+                });
+            }
+            // Same content: answer with the stored row (its declaration
+            // order and creation time), re-validated like any load.
+            return match self.load(WorkflowId(id)).await {
+                Ok(Some(published)) => Ok(published),
+                Ok(None) => Err(StoreError::Corrupt(format!("workflow {id} vanished while publishing")).into()),
+                Err(LoadError::Store(e)) => Err(e.into()),
+                Err(e) => Err(StoreError::Corrupt(e.to_string()).into()),
+            };
+        }
+        let inserted: Result<(i64, i64), sqlx::Error> = sqlx::query_as(concat!(
+            "INSERT INTO workflow (name, version, description, fingerprint, definition, created_at) \
+             VALUES (?2, ?3, ?4, ?5, ?6, ",
+            now!(),
+            ") RETURNING id, created_at"
+        ))
+        .bind(offset)
+        .bind(def.name())
+        .bind(i64::from(def.version()))
+        .bind(def.description())
+        .bind(&fingerprint)
+        .bind(&document)
+        .fetch_one(&mut *tx)
+        .await;
+        let (id, created_at) = match inserted {
+            Ok(row) => row,
+            // Only reachable with another process writing the same file.
+            Err(e) if is_unique_violation(&e) => {
+                return Err(PublishError::LostRace {
+                    name: def.name().to_owned(),
+                    version: def.version(),
+                });
+            }
+            Err(e) => return Err(store_error(e).into()),
+        };
+        sqlx::query(
+            "INSERT INTO task (workflow_id, key, position, task_type, depends_on, config, timeout_seconds, retry, \
+             compensate_for, max_attempts) \
+             SELECT ?1, j.value ->> 'key', j.key, j.value ->> 'task_type', j.value -> 'depends_on', \
+             j.value -> 'config', j.value ->> 'timeout_seconds', j.value -> 'retry', j.value ->> 'compensate_for', \
+             j.value ->> 'max_attempts' \
+             FROM json_each(?2) AS j ORDER BY j.key",
+        )
+        .bind(id)
+        .bind(&tasks)
+        .execute(&mut *tx)
+        .await
+        .map_err(store_error)?;
+        tx.commit().await.map_err(store_error)?;
+        Ok(Published {
+            id: WorkflowId(id),
+            definition: Arc::new(def.clone()),
+            fingerprint,
+            created_at: time("workflow.created_at", created_at).map_err(StoreError::from)?,
+            created: true,
+        })
+    }
+
+    async fn load_definition(&self, id: WorkflowId) -> Result<Published, LoadError> {
+        self.load(id).await?.ok_or_else(|| LoadError::NotFound(id.to_string()))
+    }
+
+    async fn find_definition(&self, name: &str, version: u32) -> Result<Option<Published>, LoadError> {
+        let id: Option<i64> = sqlx::query_scalar("SELECT id FROM workflow WHERE name = ?1 AND version = ?2")
+            .bind(name)
+            .bind(i64::from(version))
+            .fetch_optional(&self.inner.reader)
+            .await
+            .map_err(store_error)?;
+        match id {
+            Some(id) => self.load(WorkflowId(id)).await,
+            None => Ok(None),
+        }
+    }
+}

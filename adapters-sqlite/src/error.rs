@@ -1,0 +1,116 @@
+//! Translation of SQLite and sqlx failures into the ports' typed errors.
+
+use flowforge_ports::StoreError;
+use sqlx::error::ErrorKind;
+
+/// A stored value that does not decode into the ports' types: the row was
+/// edited by hand or written by a bug. Reported as [`StoreError::Corrupt`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// A state, transition or reason column holds an unknown name.
+    #[error("{column} holds unknown value '{value}'")]
+    UnknownName {
+        /// The column.
+        column: &'static str,
+        /// What it holds.
+        value: String,
+    },
+    /// A JSON column does not parse.
+    #[error("{column} holds invalid JSON: {problem}")]
+    Json {
+        /// The column.
+        column: &'static str,
+        /// The parser's message.
+        problem: String,
+    },
+    /// A time column is outside the representable range.
+    #[error("{column} holds an out-of-range time ({millis} ms)")]
+    Time {
+        /// The column.
+        column: &'static str,
+        /// The stored milliseconds.
+        millis: i64,
+    },
+    /// A run id is not a UUID.
+    #[error("run id '{0}' is not a UUID")]
+    Uuid(String),
+    /// A count or number does not fit its type.
+    #[error("{column} holds an out-of-range number ({value})")]
+    Number {
+        /// The column.
+        column: &'static str,
+        /// The stored number.
+        value: i64,
+    },
+}
+
+impl From<DecodeError> for StoreError {
+    fn from(e: DecodeError) -> Self {
+        StoreError::Corrupt(e.to_string())
+    }
+}
+
+// SQLite primary result codes (the low byte of an extended code).
+const SQLITE_BUSY: i64 = 5;
+const SQLITE_LOCKED: i64 = 6;
+const SQLITE_NOMEM: i64 = 7;
+const SQLITE_READONLY: i64 = 8;
+const SQLITE_IOERR: i64 = 10;
+const SQLITE_CORRUPT: i64 = 11;
+const SQLITE_FULL: i64 = 13;
+const SQLITE_CANTOPEN: i64 = 14;
+const SQLITE_NOTADB: i64 = 26;
+
+/// Maps a sqlx error to the store's error: connectivity and locking are
+/// transient (`Unavailable`), a missing table or column means the schema is
+/// behind (`Migration`), a broken constraint means the data or the caller
+/// broke an invariant (`Corrupt`).
+pub(crate) fn store_error(e: sqlx::Error) -> StoreError {
+    match e {
+        sqlx::Error::Database(db) => {
+            let code = db.code().and_then(|c| c.parse::<i64>().ok()).unwrap_or(0);
+            let message = db.message().to_owned();
+            match code & 0xff {
+                SQLITE_BUSY | SQLITE_LOCKED | SQLITE_IOERR | SQLITE_FULL | SQLITE_CANTOPEN | SQLITE_READONLY
+                | SQLITE_NOMEM => return StoreError::Unavailable(message),
+                SQLITE_CORRUPT | SQLITE_NOTADB => return StoreError::Corrupt(message),
+                _ => {}
+            }
+            if message.starts_with("no such table") || message.starts_with("no such column") {
+                return StoreError::Migration(message);
+            }
+            match db.kind() {
+                ErrorKind::UniqueViolation
+                | ErrorKind::ForeignKeyViolation
+                | ErrorKind::NotNullViolation
+                | ErrorKind::CheckViolation
+                | ErrorKind::ExclusionViolation => StoreError::Corrupt(format!("constraint violated: {message}")),
+                _ => StoreError::Other(message),
+            }
+        }
+        sqlx::Error::PoolTimedOut => StoreError::Unavailable("timed out waiting for a database connection".into()),
+        sqlx::Error::PoolClosed => StoreError::Unavailable("the database pool is closed".into()),
+        sqlx::Error::WorkerCrashed => StoreError::Unavailable("the SQLite worker thread stopped".into()),
+        sqlx::Error::Io(io) => StoreError::Unavailable(io.to_string()),
+        sqlx::Error::Migrate(m) => StoreError::Migration(m.to_string()),
+        sqlx::Error::ColumnNotFound(c) => StoreError::Migration(format!("column '{c}' is missing")),
+        e @ (sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_)) => StoreError::Corrupt(e.to_string()),
+        other => StoreError::Other(other.to_string()),
+    }
+}
+
+/// Whether an error is a unique-key violation (a lost insert race).
+pub(crate) fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.kind() == ErrorKind::UniqueViolation)
+}
+
+/// Maps a migration failure: every cause means the schema cannot be trusted.
+pub(crate) fn migrate_error(e: sqlx::migrate::MigrateError) -> StoreError {
+    match e {
+        sqlx::migrate::MigrateError::Execute(inner) => match store_error(inner) {
+            StoreError::Unavailable(m) => StoreError::Unavailable(m),
+            other => StoreError::Migration(other.to_string()),
+        },
+        other => StoreError::Migration(other.to_string()),
+    }
+}

@@ -1,0 +1,136 @@
+//! The transactional outbox's sweep (decision 9) over SQLite.
+//!
+//! PostgreSQL locks swept rows with `FOR UPDATE SKIP LOCKED` and holds its
+//! transaction while the rows are published. On SQLite that transaction
+//! would hold the only writer for the whole publish, stalling every claim
+//! and finish behind the broker. So a sweep holds its rows in process
+//! instead: a concurrent sweep skips them, dropping the sweep releases
+//! them unpublished, and `commit` writes the marks in one short write
+//! transaction. Two processes sweeping one file could both publish a row,
+//! which the ports allow (a duplicate dispatch claims nothing).
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+
+use flowforge_ports::{Dispatch, DispatchId, OutboxStore, OutboxSweep, Scope, StoreError, TaskRunId};
+
+use crate::convert::run_id;
+use crate::error::store_error;
+use crate::runs::scope_key;
+use crate::store::{Inner, SqliteStore, ids_json, lock};
+
+#[derive(Debug, sqlx::FromRow)]
+struct OutboxRow {
+    id: i64,
+    task_run_id: i64,
+    run_id: String,
+    task_key: String,
+    task_type: String,
+    fencing_token: i64,
+}
+
+/// An open sweep: rows held in this process until committed or dropped.
+pub struct SqliteSweep {
+    inner: Arc<Inner>,
+    dispatches: Vec<Dispatch>,
+    held: HashSet<i64>,
+    marked: Vec<i64>,
+}
+
+impl fmt::Debug for SqliteSweep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteSweep")
+            .field("dispatches", &self.dispatches)
+            .field("marked", &self.marked)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for SqliteSweep {
+    fn drop(&mut self) {
+        let mut held = lock(&self.inner.held_dispatches);
+        for id in &self.held {
+            held.remove(id);
+        }
+    }
+}
+
+/// begin_sweep: unpublished rows, oldest first (`outbox_unpublished_idx`).
+pub(crate) const SWEEP: &str = "SELECT id, task_run_id, run_id, task_key, task_type, fencing_token FROM outbox \
+             WHERE published_at IS NULL AND (?1 IS NULL OR run_id = ?1) \
+             AND id NOT IN (SELECT value FROM json_each(?2)) ORDER BY id LIMIT ?3";
+
+impl OutboxStore for SqliteStore {
+    type Sweep = SqliteSweep;
+
+    async fn begin_sweep(&self, scope: Scope, limit: u32) -> Result<Option<SqliteSweep>, StoreError> {
+        let _gate = self.inner.sweep_gate.lock().await;
+        let skip: Vec<i64> = lock(&self.inner.held_dispatches).iter().copied().collect();
+        let rows: Vec<OutboxRow> = sqlx::query_as(SWEEP)
+            .bind(scope_key(scope))
+            .bind(ids_json(&skip))
+            .bind(i64::from(limit))
+            .fetch_all(&self.inner.reader)
+            .await
+            .map_err(store_error)?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let dispatches = rows
+            .into_iter()
+            .map(|r| {
+                Ok(Dispatch {
+                    dispatch_id: DispatchId(r.id),
+                    task_run_id: TaskRunId(r.task_run_id),
+                    run_id: run_id(&r.run_id)?,
+                    task_key: r.task_key,
+                    task_type: r.task_type,
+                    fencing_token: r.fencing_token,
+                })
+            })
+            .collect::<Result<Vec<_>, crate::error::DecodeError>>()?;
+        let held: HashSet<i64> = dispatches.iter().map(|d| d.dispatch_id.0).collect();
+        lock(&self.inner.held_dispatches).extend(held.iter().copied());
+        Ok(Some(SqliteSweep {
+            inner: self.inner.clone(),
+            dispatches,
+            held,
+            marked: Vec::new(),
+        }))
+    }
+}
+
+impl OutboxSweep for SqliteSweep {
+    fn dispatches(&self) -> &[Dispatch] {
+        &self.dispatches
+    }
+
+    async fn mark_published(&mut self, ids: &[DispatchId]) -> Result<(), StoreError> {
+        // Only rows this sweep holds: another sweep's rows are not ours to mark.
+        self.marked
+            .extend(ids.iter().map(|d| d.0).filter(|id| self.held.contains(id)));
+        Ok(())
+    }
+
+    async fn commit(mut self) -> Result<(), StoreError> {
+        let marked = std::mem::take(&mut self.marked);
+        if marked.is_empty() {
+            return Ok(());
+        }
+        let offset = self.inner.offset();
+        let mut tx = self.inner.write().await?;
+        sqlx::query(concat!(
+            "UPDATE outbox SET published_at = ",
+            now!(),
+            " WHERE id IN (SELECT value FROM json_each(?2)) AND published_at IS NULL"
+        ))
+        .bind(offset)
+        .bind(ids_json(&marked))
+        .execute(&mut *tx)
+        .await
+        .map_err(store_error)?;
+        tx.commit().await.map_err(store_error)?;
+        Ok(())
+    }
+}

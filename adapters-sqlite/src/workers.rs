@@ -1,0 +1,131 @@
+//! The worker registry (DESIGN §5): who serves which task types, and when
+//! each was last seen (store time).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use flowforge_ports::{StoreError, WorkerId, WorkerInfo, WorkerRegistration, WorkerRegistry};
+
+use crate::convert::{duration_ms, json, opt_time, time, u32_of};
+use crate::error::{DecodeError, store_error};
+use crate::store::SqliteStore;
+
+#[derive(Debug, sqlx::FromRow)]
+struct WorkerRow {
+    id: String,
+    host: String,
+    pid: i64,
+    task_types: String,
+    concurrency: i64,
+    started_at: i64,
+    last_seen_at: i64,
+    stopped_at: Option<i64>,
+}
+
+impl WorkerRow {
+    fn into_info(self) -> Result<WorkerInfo, DecodeError> {
+        let types = json("worker.task_types", &self.task_types)?;
+        let task_types = serde_json::from_value(types).map_err(|e| DecodeError::Json {
+            column: "worker.task_types",
+            problem: e.to_string(),
+        })?;
+        Ok(WorkerInfo {
+            id: WorkerId(self.id),
+            host: self.host,
+            pid: u32_of("worker.pid", self.pid)?,
+            task_types,
+            concurrency: u32_of("worker.concurrency", self.concurrency)?,
+            started_at: time("worker.started_at", self.started_at)?,
+            last_seen_at: time("worker.last_seen_at", self.last_seen_at)?,
+            stopped_at: opt_time("worker.stopped_at", self.stopped_at)?,
+        })
+    }
+}
+
+impl WorkerRegistry for SqliteStore {
+    async fn register_worker(&self, worker: &WorkerRegistration) -> Result<(), StoreError> {
+        let types: BTreeSet<&str> = worker.task_types.iter().map(String::as_str).collect();
+        let types = serde_json::to_string(&types).map_err(|e| StoreError::Other(e.to_string()))?;
+        let offset = self.inner.offset();
+        let mut tx = self.inner.write().await?;
+        // A re-registration refreshes everything but the first start.
+        sqlx::query(concat!(
+            "INSERT INTO worker (id, host, pid, task_types, concurrency, started_at, last_seen_at) \
+             VALUES (?2, ?3, ?4, ?5, ?6, ",
+            now!(),
+            ", ",
+            now!(),
+            ") ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid, \
+             task_types = excluded.task_types, concurrency = excluded.concurrency, \
+             last_seen_at = excluded.last_seen_at, stopped_at = NULL"
+        ))
+        .bind(offset)
+        .bind(&worker.id.0)
+        .bind(&worker.host)
+        .bind(i64::from(worker.pid))
+        .bind(&types)
+        .bind(i64::from(worker.concurrency))
+        .execute(&mut *tx)
+        .await
+        .map_err(store_error)?;
+        tx.commit().await.map_err(store_error)
+    }
+
+    async fn touch_worker(&self, id: &WorkerId) -> Result<(), StoreError> {
+        let offset = self.inner.offset();
+        let mut tx = self.inner.write().await?;
+        sqlx::query(concat!("UPDATE worker SET last_seen_at = ", now!(), " WHERE id = ?2"))
+            .bind(offset)
+            .bind(&id.0)
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        tx.commit().await.map_err(store_error)
+    }
+
+    async fn deregister_worker(&self, id: &WorkerId) -> Result<(), StoreError> {
+        let offset = self.inner.offset();
+        let mut tx = self.inner.write().await?;
+        sqlx::query(concat!(
+            "UPDATE worker SET stopped_at = ",
+            now!(),
+            ", last_seen_at = ",
+            now!(),
+            " WHERE id = ?2"
+        ))
+        .bind(offset)
+        .bind(&id.0)
+        .execute(&mut *tx)
+        .await
+        .map_err(store_error)?;
+        tx.commit().await.map_err(store_error)
+    }
+
+    async fn list_workers(&self) -> Result<Vec<WorkerInfo>, StoreError> {
+        let rows: Vec<WorkerRow> = sqlx::query_as(
+            "SELECT id, host, pid, task_types, concurrency, started_at, last_seen_at, stopped_at FROM worker \
+             ORDER BY last_seen_at DESC, id",
+        )
+        .fetch_all(&self.inner.reader)
+        .await
+        .map_err(store_error)?;
+        rows.into_iter()
+            .map(|r| r.into_info().map_err(StoreError::from))
+            .collect()
+    }
+
+    async fn live_task_types(&self, within: Duration) -> Result<BTreeSet<String>, StoreError> {
+        let types: Vec<String> = sqlx::query_scalar(concat!(
+            "SELECT DISTINCT j.value FROM worker AS w, json_each(w.task_types) AS j \
+             WHERE w.stopped_at IS NULL AND w.last_seen_at >= ",
+            now!(),
+            " - ?2"
+        ))
+        .bind(self.inner.offset())
+        .bind(duration_ms(within))
+        .fetch_all(&self.inner.reader)
+        .await
+        .map_err(store_error)?;
+        Ok(types.into_iter().collect())
+    }
+}

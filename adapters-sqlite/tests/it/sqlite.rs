@@ -1,0 +1,428 @@
+//! What only the SQLite store has: its URLs, its file handling, its schema's
+//! constraints probed with raw SQL, re-validation of rows corrupted behind
+//! the store's back, and two stores (as two processes would) on one file.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flowforge_adapters_sqlite::SqliteStore;
+use flowforge_domain::{TaskRunState, WorkflowDefinition, WorkflowDocument};
+use flowforge_ports::clock::ManualClock;
+use flowforge_ports::{Clock, DefinitionStore, LoadError, RunPass, RunStore, StoreError, SystemClock, WorkerId};
+use serde_json::{Value, json};
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{ConnectOptions, Connection, SqliteConnection};
+use tokio::sync::Barrier;
+
+use crate::SqliteFactory;
+
+fn definition(v: Value) -> WorkflowDefinition {
+    let doc: WorkflowDocument = serde_json::from_value(v).expect("a well-formed document");
+    WorkflowDefinition::from_document(doc).expect("a valid definition")
+}
+
+fn chain() -> Value {
+    json!({"name": "chain", "version": 1, "tasks": [
+        {"key": "a", "task_type": "noop"},
+        {"key": "b", "task_type": "echo", "depends_on": ["a"], "config": {"x": 1}},
+        {"key": "c", "task_type": "noop", "depends_on": ["b"], "retry": {"max_attempts": 2}}
+    ]})
+}
+
+fn clock() -> Arc<dyn Clock> {
+    Arc::new(SystemClock)
+}
+
+async fn open(path: &Path) -> SqliteStore {
+    SqliteStore::connect(&format!("sqlite://{}", path.display()), clock())
+        .await
+        .expect("connect")
+}
+
+/// A second connection to the file, outside the store: the manual edit
+/// the schema's constraints must withstand.
+async fn raw(path: &Path) -> SqliteConnection {
+    SqliteConnectOptions::new()
+        .filename(path)
+        .foreign_keys(true)
+        .connect()
+        .await
+        .expect("a raw connection")
+}
+
+async fn exec(conn: &mut SqliteConnection, sql: &'static str) -> Result<u64, String> {
+    sqlx::query(sql)
+        .execute(&mut *conn)
+        .await
+        .map(|r| r.rows_affected())
+        .map_err(|e| e.to_string())
+}
+
+fn refused(result: Result<u64, String>, constraint: &str) {
+    match result {
+        Err(message) => assert!(message.contains(constraint), "expected {constraint}, got: {message}"),
+        Ok(n) => panic!("the edit was accepted ({n} rows) despite {constraint}"),
+    }
+}
+
+#[tokio::test]
+async fn the_schema_refuses_rows_that_break_an_invariant() {
+    let factory = SqliteFactory::default();
+    let path = factory.path();
+    let store = open(&path).await;
+    let published = store.publish_definition(&definition(chain())).await.expect("publish");
+    store.start_run(published.id, json!({})).await.expect("start");
+    let mut conn = raw(&path).await;
+
+    refused(
+        exec(&mut conn, "UPDATE task_run SET state = 'running' WHERE task_key = 'a'").await,
+        "taskrun_lease_iff_running",
+    );
+    refused(
+        exec(
+            &mut conn,
+            "UPDATE task_run SET state = 'running', lease_expires_at = 1 WHERE task_key = 'a'",
+        )
+        .await,
+        "taskrun_owner_iff_running",
+    );
+    refused(
+        exec(
+            &mut conn,
+            "UPDATE task_run SET state = 'cancelled', finished_at = 1 WHERE task_key = 'a'",
+        )
+        .await,
+        "taskrun_cancel_reason_iff_cancelled",
+    );
+    refused(
+        exec(
+            &mut conn,
+            "UPDATE task_run SET state = 'cancelled', finished_at = 1, cancel_reason = 'bored' WHERE task_key = 'a'",
+        )
+        .await,
+        "taskrun_cancel_reason_valid",
+    );
+    refused(
+        exec(&mut conn, "UPDATE task_run SET state = 'retrying' WHERE task_key = 'a'").await,
+        "taskrun_retry_at_iff_retrying",
+    );
+    refused(
+        exec(
+            &mut conn,
+            "UPDATE task_run SET state = 'succeeded' WHERE task_key = 'a'",
+        )
+        .await,
+        "taskrun_finished_iff_finished_state",
+    );
+    refused(
+        exec(&mut conn, "UPDATE task_run SET state = 'done' WHERE task_key = 'a'").await,
+        "taskrun_state_valid",
+    );
+    refused(
+        exec(&mut conn, "UPDATE task_run SET attempt = 0 WHERE task_key = 'a'").await,
+        "taskrun_attempt_positive",
+    );
+    refused(
+        exec(&mut conn, "UPDATE task_run SET pending_deps = -1 WHERE task_key = 'b'").await,
+        "taskrun_pending_deps_nonnegative",
+    );
+    refused(
+        exec(&mut conn, "UPDATE task_run SET result = '{}' WHERE task_key = 'a'").await,
+        "taskrun_result_only_when_succeeded",
+    );
+    refused(
+        exec(&mut conn, "UPDATE workflow_run SET state = 'succeeded'").await,
+        "workflowrun_finished_iff_terminal",
+    );
+    refused(
+        exec(&mut conn, "UPDATE workflow_run SET input = 'not json'").await,
+        "workflowrun_input_json",
+    );
+    refused(
+        exec(&mut conn, "UPDATE workflow SET fingerprint = 'XYZ'").await,
+        "workflow_fingerprint_sha256",
+    );
+    refused(
+        exec(&mut conn, "UPDATE task SET task_type = '  ' WHERE key = 'a'").await,
+        "task_type_not_blank",
+    );
+    refused(
+        exec(&mut conn, "UPDATE task SET depends_on = '{}' WHERE key = 'a'").await,
+        "task_depends_on_json",
+    );
+    refused(
+        exec(
+            &mut conn,
+            "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+             SELECT task_run_id, run_id, task_key, task_type, fencing_token, created_at FROM outbox",
+        )
+        .await,
+        "UNIQUE constraint failed: outbox.task_run_id, outbox.fencing_token",
+    );
+    refused(
+        exec(
+            &mut conn,
+            "INSERT INTO task_run_event (task_run_id, run_id, task_key, transition, attempt, fencing_token, at) \
+             SELECT id, run_id, task_key, 'claim', 1, 0, 0 FROM task_run WHERE task_key = 'a'",
+        )
+        .await,
+        "taskrunevent_states_iff_transition",
+    );
+    // STRICT tables keep each column to its declared type.
+    refused(
+        exec(&mut conn, "UPDATE task_run SET attempt = 'two' WHERE task_key = 'a'").await,
+        "cannot store TEXT value in INTEGER column",
+    );
+    // Foreign keys are enforced.
+    refused(
+        exec(
+            &mut conn,
+            "INSERT INTO workflow_run (id, workflow_id, state, input, created_at) \
+             VALUES ('00000000-0000-0000-0000-000000000000', 999, 'pending', '{}', 0)",
+        )
+        .await,
+        "FOREIGN KEY constraint failed",
+    );
+}
+
+/// Loading re-validates the rows: an edit the constraints cannot see (or
+/// one made with them switched off) is reported, naming the problem.
+#[tokio::test]
+async fn load_refuses_rows_corrupted_behind_its_back() {
+    let cases: [(&'static str, &str); 6] = [
+        (
+            "UPDATE task SET task_type = '' WHERE key = 'b'",
+            "task 'b' has a blank task_type",
+        ),
+        (
+            "UPDATE task SET depends_on = '[\"ghost\"]' WHERE key = 'b'",
+            "task 'b' depends on unknown task 'ghost'",
+        ),
+        (
+            "DELETE FROM task WHERE key = 'a'",
+            "task 'b' depends on unknown task 'a'",
+        ),
+        (
+            "UPDATE task SET config = '{\"x\": 2}' WHERE key = 'b'",
+            "not the published",
+        ),
+        ("UPDATE task SET max_attempts = 5 WHERE key = 'c'", "max_attempts 5"),
+        ("UPDATE task SET retry = '{\"tries\": 3}' WHERE key = 'c'", "retry"),
+    ];
+    for (edit, problem) in cases {
+        let factory = SqliteFactory::default();
+        let path = factory.path();
+        let store = open(&path).await;
+        let published = store.publish_definition(&definition(chain())).await.expect("publish");
+        let mut conn = raw(&path).await;
+        // A database written before a constraint existed, or edited with
+        // checks off: the load is the last line of defence.
+        exec(&mut conn, "PRAGMA ignore_check_constraints = ON")
+            .await
+            .expect("pragma");
+        exec(&mut conn, edit).await.expect("the manual edit");
+        match store.load_definition(published.id).await {
+            Err(LoadError::Invalid { workflow, problem: got }) => {
+                assert!(workflow.contains("chain"), "{workflow}");
+                assert!(got.contains(problem), "after `{edit}`: expected '{problem}' in '{got}'");
+            }
+            other => panic!("after `{edit}` the load must be refused, got {other:?}"),
+        }
+        assert!(
+            matches!(store.find_definition("chain", 1).await, Err(LoadError::Invalid { .. })),
+            "find re-validates too"
+        );
+    }
+}
+
+/// Settings written as floats come back bit for bit, so the fingerprint of
+/// a loaded definition matches for any value.
+#[tokio::test]
+async fn float_settings_round_trip_exactly() {
+    let factory = SqliteFactory::default();
+    let store = open(&factory.path()).await;
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        // In (0, 1]: a fraction with up to 53 significant bits.
+        ((seed >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    };
+    for version in 1..=50u32 {
+        let tasks: Vec<Value> = (0..20)
+            .map(|i| {
+                json!({"key": format!("t{i}"), "task_type": "noop",
+                       "timeout_seconds": next() * 1_000.0,
+                       "retry": {"delay_seconds": next() * 100.0, "backoff": 1.0 + next() * 9.0,
+                                 "max_delay_seconds": next() * 31_536_000.0}})
+            })
+            .collect();
+        let def = definition(json!({"name": "floats", "version": version, "tasks": tasks}));
+        let published = store.publish_definition(&def).await.expect("publish");
+        let loaded = store.load_definition(published.id).await.expect("load");
+        assert_eq!(*loaded.definition, def);
+        assert_eq!(loaded.fingerprint, def.fingerprint());
+    }
+}
+
+#[tokio::test]
+async fn an_in_memory_database_is_shared_by_every_clone() {
+    let store = SqliteStore::connect("sqlite::memory:", clock()).await.expect("connect");
+    let clone = store.clone();
+    let published = store.publish_definition(&definition(chain())).await.expect("publish");
+    let run = clone.start_run(published.id, json!({"m": 1})).await.expect("start");
+    let detail = store
+        .get_run(run)
+        .await
+        .expect("get_run")
+        .expect("visible to every clone");
+    assert_eq!(detail.tasks.len(), 3);
+    let a = &detail.tasks[0];
+    let claim = clone
+        .claim_task_run(a.id, a.token, &WorkerId("w".into()), Duration::from_secs(300))
+        .await
+        .expect("claim")
+        .expect("won");
+    let mut pass = store.begin_pass(run).await.expect("begin_pass").expect("free");
+    assert_eq!(pass.take_flagged().await.expect("take_flagged").len(), 1);
+    pass.commit().await.expect("commit");
+    assert_eq!(claim.run_id, run);
+    let other = SqliteStore::connect("sqlite::memory:", clock()).await.expect("connect");
+    assert!(
+        other.get_run(run).await.expect("get_run").is_none(),
+        "each memory store is its own database"
+    );
+}
+
+#[tokio::test]
+async fn a_file_in_a_missing_folder_is_created_with_its_folder() {
+    let dir = tempfile::tempdir().expect("a temp folder");
+    let nested = dir.path().join("a").join("b").join("flow.db");
+    let store = SqliteStore::connect(&format!("sqlite://{}", nested.display()), clock())
+        .await
+        .expect("connect creates the folder and the file");
+    store.publish_definition(&definition(chain())).await.expect("publish");
+    assert!(nested.is_file());
+
+    // The `sqlite:` form, and reopening an existing file (migrations again).
+    let other = dir.path().join("c").join("flow.db");
+    let url = format!("sqlite:{}", other.display());
+    SqliteStore::connect(&url, clock()).await.expect("connect");
+    let reopened = SqliteStore::connect(&url, clock()).await.expect("reconnect");
+    reopened.migrate().await.expect("migrations are idempotent");
+    assert!(other.is_file());
+
+    let mut conn = raw(&nested).await;
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut conn)
+        .await
+        .expect("pragma");
+    assert_eq!(mode, "wal");
+    conn.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn a_schema_from_a_newer_binary_is_a_migration_error() {
+    let factory = SqliteFactory::default();
+    let path = factory.path();
+    let store = open(&path).await;
+    store.close().await;
+    let mut conn = raw(&path).await;
+    exec(
+        &mut conn,
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (99990101000000, 'from the future', 1, x'00', 0)",
+    )
+    .await
+    .expect("a migration this binary does not know");
+    match SqliteStore::connect(&format!("sqlite://{}", path.display()), clock()).await {
+        Err(StoreError::Migration(message)) => assert!(message.contains("99990101000000"), "{message}"),
+        other => panic!("expected a migration error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_missing_table_is_a_migration_error() {
+    let factory = SqliteFactory::default();
+    let path = factory.path();
+    let store = open(&path).await;
+    let mut conn = raw(&path).await;
+    exec(&mut conn, "PRAGMA foreign_keys = OFF").await.expect("pragma");
+    exec(&mut conn, "DROP TABLE worker").await.expect("drop");
+    conn.close().await.expect("close");
+    use flowforge_ports::WorkerRegistry;
+    match store.list_workers().await {
+        Err(StoreError::Migration(message)) => assert!(message.contains("worker"), "{message}"),
+        other => panic!("expected a migration error, got {other:?}"),
+    }
+}
+
+/// Two stores on one file behave like two processes: their write
+/// transactions wait for each other (BEGIN IMMEDIATE + busy timeout)
+/// instead of failing, and the database still decides each race once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_stores_on_one_file_serialise_their_writes() {
+    const CLAIMERS: usize = 6;
+    let factory = SqliteFactory::default();
+    let path = factory.path();
+    let first = open(&path).await;
+    let second = open(&path).await;
+    let published = first.publish_definition(&definition(chain())).await.expect("publish");
+    let again = second
+        .publish_definition(&definition(chain()))
+        .await
+        .expect("republish");
+    assert!(!again.created);
+    let run = first.start_run(published.id, json!({})).await.expect("start");
+    let a = second.get_run(run).await.expect("get_run").expect("exists").tasks[0].clone();
+    let barrier = Arc::new(Barrier::new(CLAIMERS));
+    let handles: Vec<_> = (0..CLAIMERS)
+        .map(|i| {
+            let store = if i % 2 == 0 { first.clone() } else { second.clone() };
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store
+                    .claim_task_run(a.id, a.token, &WorkerId(format!("w{i}")), Duration::from_secs(300))
+                    .await
+                    .expect("no busy error reaches the caller")
+            })
+        })
+        .collect();
+    let mut wins = 0;
+    for h in handles {
+        wins += usize::from(h.await.expect("claimer").is_some());
+    }
+    assert_eq!(wins, 1);
+    let state = first.get_run(run).await.expect("get_run").expect("exists").tasks[0].state;
+    assert_eq!(state, TaskRunState::Running);
+}
+
+/// Store time is SQLite's clock plus the Clock port's offset, in every
+/// statement: a lease taken after moving the clock ends that much later.
+#[tokio::test]
+async fn store_time_follows_the_clock_offset() {
+    let factory = SqliteFactory::default();
+    let manual = Arc::new(ManualClock::default());
+    let store = SqliteStore::connect(&format!("sqlite://{}", factory.path().display()), manual.clone())
+        .await
+        .expect("connect");
+    let published = store.publish_definition(&definition(chain())).await.expect("publish");
+    let run = store.start_run(published.id, json!({})).await.expect("start");
+    manual.advance(Duration::from_secs(3 * 86_400));
+    let a = store.get_run(run).await.expect("get_run").expect("exists").tasks[0].clone();
+    let claim = store
+        .claim_task_run(a.id, a.token, &WorkerId("w".into()), Duration::from_secs(60))
+        .await
+        .expect("claim")
+        .expect("won");
+    let expected = chrono::Utc::now() + chrono::TimeDelta::days(3) + chrono::TimeDelta::seconds(60);
+    assert!(
+        (claim.lease_expires_at - expected).num_seconds().abs() < 30,
+        "{}",
+        claim.lease_expires_at
+    );
+    assert!(a.created_at < claim.lease_expires_at - chrono::TimeDelta::days(2));
+}
