@@ -18,7 +18,11 @@ impl Observer for Printer {
         println!("  start  {} (attempt {})", e.task_key, e.attempt);
     }
     fn on_task_succeeded(&self, e: &TaskEvent) {
-        println!("  done   {} -> {}", e.task_key, e.output.as_ref().unwrap_or(&Value::Null));
+        println!(
+            "  done   {} -> {}",
+            e.task_key,
+            e.output.as_ref().unwrap_or(&Value::Null)
+        );
     }
     fn on_workflow_done(&self, e: &RunEvent) {
         println!("  run {} {}", e.run_id, e.state);
@@ -30,7 +34,10 @@ async fn price(ctx: TaskContext) -> Result<Value, HandlerError> {
     let items = ctx.run_input["items"]
         .as_array()
         .ok_or_else(|| HandlerError::permanent("run input needs an `items` array"))?;
-    let prices: Vec<u64> = items.iter().map(|i| 100 * i.as_str().map_or(1, |s| s.len() as u64)).collect();
+    let prices: Vec<u64> = items
+        .iter()
+        .map(|i| 100 * i.as_str().map_or(1, |s| s.len() as u64))
+        .collect();
     Ok(json!({ "prices": prices }))
 }
 

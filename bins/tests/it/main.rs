@@ -1,10 +1,14 @@
-//! End-to-end tests of the `flowforge` binary: one integration-test binary
-//! with a module per command (STYLE.md). Every test runs the real
-//! executable in the workspace root, so file names in the output are the
-//! relative paths a user would type (`examples/etl.json`).
+//! The bins crate's one integration-test binary (STYLE.md): end-to-end
+//! tests of the `flowforge` binary, a module per command — they run the
+//! real executable in the workspace root, so file names in the output are
+//! the relative paths a user would type (`examples/etl.json`), except
+//! `run`, whose tests each get a fresh working folder — and `scenarios`,
+//! the engine's behaviour driven through the embedding API.
 
 mod examples;
 mod graph;
+mod run;
+mod scenarios;
 mod validate;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,213 @@
+//! Embedded-mode benchmarks (issue 3): noop tasks through the embedding API
+//! over SQLite (WAL, synchronous=NORMAL) and the in-process queue. Prints
+//! one JSON object per scenario; `cargo xtask bench` runs it and writes the
+//! figures down. Usage: `cargo bench -p flowforge-bins --bench embedded --
+//! [fanout|chain|chain40|concurrent|memory]...` (all when none given).
+
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flowforge::{Embedded, EmbeddedEngine, Observer, TaskEvent, WorkflowDefinition, parse_definition};
+use serde_json::{Value, json};
+
+fn definition(name: &str, tasks: Vec<Value>) -> WorkflowDefinition {
+    let body = serde_json::to_vec(&json!({ "name": name, "version": 1, "tasks": tasks })).expect("json");
+    parse_definition(&body).expect("a valid benchmark definition")
+}
+
+fn fanout(width: usize) -> WorkflowDefinition {
+    let mut tasks = vec![json!({"key": "root", "task_type": "noop"})];
+    let keys: Vec<String> = (0..width).map(|i| format!("m{i:05}")).collect();
+    tasks.extend(
+        keys.iter()
+            .map(|k| json!({"key": k, "task_type": "noop", "depends_on": ["root"]})),
+    );
+    tasks.push(json!({"key": "sink", "task_type": "noop", "depends_on": keys}));
+    definition(&format!("fanout-{width}"), tasks)
+}
+
+fn chain(len: usize) -> WorkflowDefinition {
+    let tasks = (0..len)
+        .map(|i| {
+            let deps: Vec<String> = if i == 0 { vec![] } else { vec![format!("t{:05}", i - 1)] };
+            json!({"key": format!("t{i:05}"), "task_type": "noop", "depends_on": deps})
+        })
+        .collect();
+    definition(&format!("chain-{len}"), tasks)
+}
+
+/// A 40-task DAG: 8 levels of 5, each task depending on two of the level above.
+fn dag40() -> WorkflowDefinition {
+    let mut tasks = Vec::new();
+    for level in 0..8 {
+        for i in 0..5 {
+            let deps: Vec<String> = if level == 0 {
+                vec![]
+            } else {
+                vec![
+                    format!("l{}t{}", level - 1, i),
+                    format!("l{}t{}", level - 1, (i + 1) % 5),
+                ]
+            };
+            tasks.push(json!({"key": format!("l{level}t{i}"), "task_type": "noop", "depends_on": deps}));
+        }
+    }
+    definition("dag-40", tasks)
+}
+
+/// Records when each task's finish and claim were stored (monotonic clock,
+/// at the hooks, which run right after the store commits).
+#[derive(Default)]
+struct Stamps {
+    started: Mutex<HashMap<String, Instant>>,
+    succeeded: Mutex<HashMap<String, Instant>>,
+}
+
+impl Observer for Stamps {
+    fn on_task_start(&self, e: &TaskEvent) {
+        self.started
+            .lock()
+            .expect("lock")
+            .insert(e.task_key.clone(), Instant::now());
+    }
+    fn on_task_succeeded(&self, e: &TaskEvent) {
+        self.succeeded
+            .lock()
+            .expect("lock")
+            .insert(e.task_key.clone(), Instant::now());
+    }
+}
+
+async fn engine(dir: &tempfile::TempDir, stamps: Option<Arc<Stamps>>) -> EmbeddedEngine {
+    let cpus = std::thread::available_parallelism().map_or(2, usize::from);
+    let url = format!("sqlite://{}", dir.path().join("bench.db").display());
+    let mut builder = Embedded::builder().database(url).concurrency(cpus);
+    if let Some(s) = stamps {
+        builder = builder.observer(s);
+    }
+    builder.build().await.expect("engine")
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|n| n.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+async fn run_one(engine: &EmbeddedEngine, def: &WorkflowDefinition) -> Duration {
+    let start = Instant::now();
+    let report = engine.run(def, json!({})).await.expect("run");
+    assert_eq!(report.state, "succeeded", "benchmark run failed: {report:?}");
+    start.elapsed()
+}
+
+async fn bench_fanout() -> Value {
+    let dir = tempfile::tempdir().expect("tmp");
+    let engine = engine(&dir, None).await;
+    let def = fanout(9_998);
+    let wall = run_one(&engine, &def).await;
+    let tasks = 10_000.0;
+    json!({"scenario": "fanout", "tasks": 10_000, "wall_s": wall.as_secs_f64(), "tasks_per_s": tasks / wall.as_secs_f64(), "peak_rss_kib": peak_rss_kib()})
+}
+
+async fn bench_chain(len: usize, name: &str) -> Value {
+    let dir = tempfile::tempdir().expect("tmp");
+    let stamps = Arc::new(Stamps::default());
+    let engine = engine(&dir, Some(stamps.clone())).await;
+    let def = chain(len);
+    let wall = run_one(&engine, &def).await;
+    let started = stamps.started.lock().expect("lock");
+    let succeeded = stamps.succeeded.lock().expect("lock");
+    let mut hops: Vec<f64> = (1..len)
+        .filter_map(|i| {
+            let prev = succeeded.get(&format!("t{:05}", i - 1))?;
+            let next = started.get(&format!("t{i:05}"))?;
+            Some(next.saturating_duration_since(*prev).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    hops.sort_by(f64::total_cmp);
+    json!({"scenario": name, "tasks": len, "wall_s": wall.as_secs_f64(), "tasks_per_s": len as f64 / wall.as_secs_f64(),
+           "hop_ms_p50": percentile(&hops, 50.0), "hop_ms_p99": percentile(&hops, 99.0), "hop_ms_max": percentile(&hops, 100.0)})
+}
+
+async fn bench_concurrent() -> Value {
+    let dir = tempfile::tempdir().expect("tmp");
+    let engine = Arc::new(engine(&dir, None).await);
+    let def = Arc::new(dag40());
+    let start = Instant::now();
+    let mut runs = tokio::task::JoinSet::new();
+    for _ in 0..100 {
+        let (engine, def) = (engine.clone(), def.clone());
+        runs.spawn(async move { run_one(&engine, &def).await });
+    }
+    while let Some(r) = runs.join_next().await {
+        r.expect("run task");
+    }
+    let wall = start.elapsed();
+    json!({"scenario": "concurrent", "runs": 100, "tasks": 4_000, "wall_s": wall.as_secs_f64(), "tasks_per_s": 4_000.0 / wall.as_secs_f64()})
+}
+
+async fn bench_memory() -> Value {
+    let dir = tempfile::tempdir().expect("tmp");
+    let engine = engine(&dir, None).await;
+    let def = definition(
+        "small",
+        vec![
+            json!({"key": "a", "task_type": "noop"}),
+            json!({"key": "b", "task_type": "noop", "depends_on": ["a"]}),
+            json!({"key": "c", "task_type": "echo", "depends_on": ["a"]}),
+        ],
+    );
+    let start = Instant::now();
+    let mut at_1000 = 0;
+    for i in 1..=10_000 {
+        run_one(&engine, &def).await;
+        if i == 1_000 {
+            at_1000 = peak_rss_kib();
+        }
+    }
+    let at_10000 = peak_rss_kib();
+    json!({"scenario": "memory", "runs": 10_000, "wall_s": start.elapsed().as_secs_f64(),
+           "peak_rss_kib_after_1000": at_1000, "peak_rss_kib_after_10000": at_10000,
+           "growth_pct": (at_10000 as f64 / at_1000 as f64 - 1.0) * 100.0})
+}
+
+#[tokio::main]
+async fn main() {
+    let mut wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    if wanted.is_empty() {
+        wanted = ["fanout", "chain", "chain40", "concurrent", "memory"]
+            .map(String::from)
+            .to_vec();
+    }
+    for w in wanted {
+        let result = match w.as_str() {
+            "fanout" => bench_fanout().await,
+            "chain" => bench_chain(1_000, "chain").await,
+            "chain40" => bench_chain(40, "chain40").await,
+            "concurrent" => bench_concurrent().await,
+            "memory" => bench_memory().await,
+            other => {
+                eprintln!("unknown scenario {other}");
+                std::process::exit(2);
+            }
+        };
+        println!("{result}");
+    }
+}
