@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use flowforge_domain::derive::TaskTally;
 use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, run_machine};
-use flowforge_ports::{PassRun, PassTask, RunId, RunPass, StoreError, TaskRunId, Topic, WorkflowId};
+use flowforge_ports::{Activity, PassRun, PassTask, RunId, RunPass, StoreError, TaskRunId, Topic, WorkflowId};
 use sqlx::{Sqlite, Transaction};
 
 use crate::convert::{name, opt_name, run_key, u64_of};
@@ -74,27 +74,34 @@ pub(crate) const LOWER_PENDING: &str = "WITH done (k, n) AS MATERIALIZED (SELECT
                  WHERE task_run.run_id = ?1 AND task_run.task_key = done.k \
                  AND task_run.state = 'pending' AND task_run.compensate_for IS NULL";
 
-/// satisfy_dependencies: promote the rows at zero (`taskrun_waiting_idx`).
+/// satisfy_dependencies: promote the rows at zero (`taskrun_active_idx`).
 /// `state IN (…)` repeats the index's WHERE: SQLite uses a partial index
 /// only when the query states its condition literally, and without it a
 /// pass would walk every row of the run, finished or not.
 pub(crate) const PROMOTE_READY: &str = "UPDATE task_run SET state = 'ready' \
-             WHERE run_id = ?1 AND state IN ('pending', 'ready', 'retrying') AND state = 'pending' \
+             WHERE run_id = ?1 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'pending' \
              AND pending_deps = 0 AND compensate_for IS NULL RETURNING id, task_key";
 
-/// promote_due_retries: the run's due retries (`taskrun_waiting_idx`).
+/// promote_due_retries: the run's due retries (`taskrun_active_idx`).
 pub(crate) const PROMOTE_DUE: &str = concat!(
     "UPDATE task_run SET state = 'ready', retry_at = NULL \
-             WHERE run_id = ?2 AND state IN ('pending', 'ready', 'retrying') AND state = 'retrying' AND retry_at <= ",
+             WHERE run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'retrying' AND retry_at <= ",
     now!(),
     " RETURNING id, task_key"
 );
 
-/// cancel_waiting: the run's rows in one waiting state (`taskrun_waiting_idx`).
+/// activity: is a forward row still active (`taskrun_active_idx`), and has
+/// any row started (asked only while the run is pending; a running run has).
+pub(crate) const ACTIVITY: &str = "SELECT \
+     EXISTS (SELECT 1 FROM task_run WHERE run_id = ?1 \
+             AND state IN ('pending', 'ready', 'running', 'retrying') AND compensate_for IS NULL), \
+     ?2 OR EXISTS (SELECT 1 FROM task_run WHERE run_id = ?1 AND started_at IS NOT NULL)";
+
+/// cancel_waiting: the run's rows in one waiting state (`taskrun_active_idx`).
 pub(crate) const CANCEL_WAITING: &str = concat!(
     "UPDATE task_run SET state = 'cancelled', cancel_reason = 'user', retry_at = NULL, finished_at = ",
     now!(),
-    " WHERE run_id = ?2 AND state IN ('pending', 'ready', 'retrying') AND state = ?3 \
+    " WHERE run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = ?3 \
                  AND compensate_for IS NULL RETURNING id, task_key"
 );
 
@@ -292,6 +299,19 @@ impl RunPass for SqlitePass {
         }
         cancelled.sort_by_key(|(id, _)| *id);
         Ok(cancelled.into_iter().map(|(_, key)| key).collect())
+    }
+
+    async fn activity(&mut self) -> Result<Activity, StoreError> {
+        let (any_active, any_started): (bool, bool) = sqlx::query_as(ACTIVITY)
+            .bind(&self.key)
+            .bind(self.run.state != RunState::Pending)
+            .fetch_one(&mut *self.tx)
+            .await
+            .map_err(store_error)?;
+        Ok(Activity {
+            any_active,
+            any_started,
+        })
     }
 
     async fn tally(&mut self) -> Result<TaskTally, StoreError> {

@@ -28,7 +28,7 @@ async fn hot_statements_use_their_indexes() {
     let store = SqliteStore::connect("sqlite::memory:", Arc::new(SystemClock))
         .await
         .expect("connect");
-    let cases: [(&str, &'static str, &[&str]); 10] = [
+    let cases: [(&str, &'static str, &[&str]); 11] = [
         ("claim", crate::runs::CLAIM, &["INTEGER PRIMARY KEY"]),
         ("reaper", crate::runs::EXPIRED_LEASES, &["taskrun_lease_expiry_idx"]),
         (
@@ -51,10 +51,11 @@ async fn hot_statements_use_their_indexes() {
             crate::pass::LOWER_PENDING,
             &["MATERIALIZE", "(run_id=? AND task_key=?)"],
         ),
-        ("promote_ready", crate::pass::PROMOTE_READY, &["taskrun_waiting_idx"]),
-        ("promote_due", crate::pass::PROMOTE_DUE, &["taskrun_waiting_idx"]),
-        ("cancel_waiting", crate::pass::CANCEL_WAITING, &["taskrun_waiting_idx"]),
+        ("promote_ready", crate::pass::PROMOTE_READY, &["taskrun_active_idx"]),
+        ("promote_due", crate::pass::PROMOTE_DUE, &["taskrun_active_idx"]),
+        ("cancel_waiting", crate::pass::CANCEL_WAITING, &["taskrun_active_idx"]),
         ("sweep", crate::outbox::SWEEP, &["outbox_unpublished_idx"]),
+        ("activity", crate::pass::ACTIVITY, &["taskrun_active_idx"]),
     ];
     for (name, sql, indexes) in cases {
         let plan = plan(&store, sql).await;

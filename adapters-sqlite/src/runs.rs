@@ -173,7 +173,8 @@ pub(crate) const CLAIM: &str = concat!(
     "), needs_pass = CASE WHEN needs_pass = 1 OR (started_at IS NULL AND \
              (SELECT r.state FROM workflow_run r WHERE r.id = task_run.run_id) = 'pending') THEN 1 ELSE 0 END \
              WHERE id = ?2 AND state = 'ready' AND fencing_token = ?3 \
-             AND (SELECT r.cancel_requested_at FROM workflow_run r WHERE r.id = task_run.run_id) IS NULL \
+             AND (compensate_for IS NOT NULL \
+                  OR (SELECT r.cancel_requested_at FROM workflow_run r WHERE r.id = task_run.run_id) IS NULL) \
              RETURNING run_id, task_key, compensate_for, attempt, fencing_token, lease_expires_at, needs_pass, \
              (SELECT r.workflow_id FROM workflow_run r WHERE r.id = task_run.run_id) AS workflow_id"
 );
@@ -181,7 +182,7 @@ pub(crate) const CLAIM: &str = concat!(
 /// reap_expired_leases: the expired leases (`taskrun_lease_expiry_idx`).
 pub(crate) const EXPIRED_LEASES: &str = concat!(
     "SELECT tr.id, tr.run_id, tr.task_key, tr.fencing_token, tr.attempt, tr.lease_owner, t.max_attempts, \
-             r.cancel_requested_at IS NOT NULL AS cancel_requested \
+             (r.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL) AS cancel_requested \
              FROM task_run tr \
              JOIN workflow_run r ON r.id = tr.run_id \
              JOIN task t ON t.workflow_id = r.workflow_id AND t.key = tr.task_key \
@@ -283,7 +284,7 @@ impl RunStore for SqliteStore {
              SELECT tr.id, tr.run_id, tr.task_key, t.task_type, tr.fencing_token, ",
             now!(),
             " FROM task_run tr JOIN task t ON t.workflow_id = ?3 AND t.key = tr.task_key \
-             WHERE tr.run_id = ?2 AND tr.state IN ('pending', 'ready', 'retrying') AND tr.state = 'ready' \
+             WHERE tr.run_id = ?2 AND tr.state IN ('pending', 'ready', 'running', 'retrying') AND tr.state = 'ready' \
              ORDER BY tr.id"
         ))
         .bind(offset)
@@ -421,7 +422,8 @@ impl RunStore for SqliteStore {
             "UPDATE task_run SET lease_expires_at = ",
             now!(),
             " + ?4 WHERE id = ?2 AND state = 'running' AND fencing_token = ?3 \
-             RETURNING (SELECT r.cancel_requested_at IS NOT NULL FROM workflow_run r WHERE r.id = task_run.run_id)"
+             RETURNING compensate_for IS NULL \
+               AND (SELECT r.cancel_requested_at IS NOT NULL FROM workflow_run r WHERE r.id = task_run.run_id)"
         ))
         .bind(offset)
         .bind(id.0)

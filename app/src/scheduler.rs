@@ -5,10 +5,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flowforge_domain::derive::{
-    CompensationProgress, CompensationStep, Verdict, compensation_order, derive_run_state, next_compensation_step,
+    CompensationProgress, CompensationStep, TaskTally, Verdict, compensation_order, derive_run_state,
+    next_compensation_step,
 };
 use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, TaskTransition};
 use flowforge_ports::store::{Notifier, PassRun, RunPass, Topic};
@@ -18,6 +19,9 @@ use tokio_util::sync::CancellationToken;
 use crate::cache::DefinitionCache;
 use crate::error::Error;
 use crate::observers::Observers;
+
+/// How often the loop looks for expired leases when no deadline woke it.
+const REAP_EVERY: Duration = Duration::from_secs(1);
 
 /// What one pass over one run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -96,9 +100,17 @@ impl<S: Store> Scheduler<S> {
     /// A run whose pass fails is logged and left for the next pass; only a
     /// store failure aborts the whole pass.
     pub async fn schedule_once(&self) -> Result<ScheduleReport, Error> {
+        self.pass(true).await
+    }
+
+    async fn pass(&self, reap: bool) -> Result<ScheduleReport, Error> {
         let scope = self.config.scope;
         let mut report = ScheduleReport::default();
-        let reaped = self.store.reap_expired_leases(scope, self.config.batch).await?;
+        let reaped = if reap {
+            self.store.reap_expired_leases(scope, self.config.batch).await?
+        } else {
+            Vec::new()
+        };
         report.reaped = reaped.len();
         for r in &reaped {
             tracing::warn!(run_id = %r.run_id, task_key = %r.task_key, transition = %r.transition, cancelled = r.cancelled, "lease expired; task run reaped");
@@ -163,7 +175,8 @@ impl<S: Store> Scheduler<S> {
         // React to the changes since the last pass.
         let flagged = pass.take_flagged().await?;
         let mut satisfied: BTreeMap<&str, u32> = BTreeMap::new();
-        let mut blocked: BTreeSet<&str> = BTreeSet::new();
+        let mut failed_upstream: BTreeSet<&str> = BTreeSet::new();
+        let mut cancelled_upstream: BTreeSet<&str> = BTreeSet::new();
         for task in flagged.iter().filter(|t| t.compensate_for.is_none()) {
             match task.state {
                 TaskRunState::Succeeded => {
@@ -171,17 +184,22 @@ impl<S: Store> Scheduler<S> {
                         *satisfied.entry(dependent).or_default() += 1;
                     }
                 }
-                // Resting `failed` means failed for good (decision 1); a
-                // cancelled task's dependents can never run either.
-                TaskRunState::Failed | TaskRunState::Cancelled => {
-                    blocked.extend(graph.transitive_dependents_of(&task.key));
-                }
+                // Resting `failed` means failed for good (decision 1).
+                TaskRunState::Failed => failed_upstream.extend(graph.transitive_dependents_of(&task.key)),
+                // A cancelled task's dependents can never run either; they
+                // inherit its reason (a user's), not `upstream_failed`.
+                TaskRunState::Cancelled => cancelled_upstream.extend(graph.transitive_dependents_of(&task.key)),
                 _ => {}
             }
         }
-        if !blocked.is_empty() {
-            let keys: Vec<String> = blocked.iter().map(|k| (*k).to_owned()).collect();
-            outcome.cancelled += pass.cancel_pending(&keys, CancelReason::UpstreamFailed).await?.len();
+        for (blocked, reason) in [
+            (failed_upstream, CancelReason::UpstreamFailed),
+            (cancelled_upstream, CancelReason::User),
+        ] {
+            if !blocked.is_empty() {
+                let keys: Vec<String> = blocked.iter().map(|k| (*k).to_owned()).collect();
+                outcome.cancelled += pass.cancel_pending(&keys, reason).await?.len();
+            }
         }
         if header.cancel_requested {
             outcome.cancelled += pass.cancel_waiting().await?.len();
@@ -193,9 +211,23 @@ impl<S: Store> Scheduler<S> {
             outcome.dispatched += pass.promote_due_retries().await?.len();
         }
 
-        // Derive the run state, compensating first if the run failed.
-        let tally = pass.tally().await?;
-        let mut verdict = derive_run_state(&tally, CompensationProgress::NotStarted);
+        // Derive the run state, compensating first if the run failed. While
+        // a forward task is active the run cannot settle: index lookups
+        // decide that, and only a settled run's tasks are counted.
+        let activity = pass.activity().await?;
+        let tally = if activity.any_active {
+            TaskTally {
+                any_started: activity.any_started,
+                ..TaskTally::default()
+            }
+        } else {
+            pass.tally().await?
+        };
+        let mut verdict = if activity.any_active {
+            Verdict::unsettled(activity.any_started)
+        } else {
+            derive_run_state(&tally, CompensationProgress::NotStarted)
+        };
         if verdict == Verdict::Compensating {
             let succeeded = pass.succeeded_keys().await?;
             let succeeded: BTreeSet<&str> = succeeded.iter().map(String::as_str).collect();
@@ -263,9 +295,19 @@ impl<S: Store> Scheduler<S> {
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
         let notifier = self.store.notifier().await?;
         let mut failures = 0u32;
+        let mut last_reap: Option<Instant> = None;
+        let mut timer_fired = true;
         loop {
+            // Leases last tens of seconds: looking for expired ones on every
+            // wake-up would put a query on every hop for nothing. Reap when
+            // the deadline timer fired (a lease may have just expired) and
+            // at least every REAP_EVERY otherwise.
+            let reap = timer_fired || last_reap.is_none_or(|at| at.elapsed() >= REAP_EVERY);
+            if reap {
+                last_reap = Some(Instant::now());
+            }
             let idle;
-            match self.schedule_once().await {
+            match self.pass(reap).await {
                 Ok(report) if report.more => {
                     failures = 0;
                     tokio::task::yield_now().await;
@@ -299,11 +341,13 @@ impl<S: Store> Scheduler<S> {
             } else {
                 Duration::from_millis(1)
             };
-            tokio::select! {
+            // Leases expire strictly after their deadline: wake just past it.
+            let sleep = (deadline + Duration::from_millis(2)).max(floor);
+            timer_fired = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
-                () = notifier.notified(Topic::Scheduler) => {}
-                () = tokio::time::sleep(deadline.max(floor)) => {}
-            }
+                () = notifier.notified(Topic::Scheduler) => false,
+                () = tokio::time::sleep(sleep) => true,
+            };
         }
     }
 

@@ -414,7 +414,12 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             }
         };
         let cancel = CancellationToken::new();
-        let _in_flight = self.in_flight.enter(claim.run_id, cancel.clone());
+        // A run's cancellation stops its forward tasks, never a compensator:
+        // a cancel does not interrupt a rollback (decision 5).
+        let _in_flight = claim
+            .compensate_for
+            .is_none()
+            .then(|| self.in_flight.enter(claim.run_id, cancel.clone()));
         let ctx = TaskContext {
             run_id: claim.run_id,
             task_key: claim.task_key.clone(),
@@ -474,6 +479,10 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 result = &mut handler => {
                     return match result {
                         Ok(output) => Ending::Output(output),
+                        // A handler that gives up because its run was
+                        // cancelled reports an error in the same instant:
+                        // the attempt was cancelled, not failed.
+                        Err(_) if cancel.is_cancelled() => Ending::Cancelled,
                         Err(e) => Ending::Failed(e),
                     };
                 }

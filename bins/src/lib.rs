@@ -116,6 +116,13 @@ impl EmbeddedBuilder {
         self
     }
 
+    /// How long a cancelled or timed-out handler gets to stop before it is
+    /// abandoned (default 5 s).
+    pub fn stop_grace(mut self, grace: Duration) -> Self {
+        self.config.stop_grace = grace;
+        self
+    }
+
     /// Registers a [`Handler`] for `task_type`.
     pub fn handler<H: Handler>(mut self, task_type: impl Into<String>, handler: H) -> Self {
         self.registry.register(task_type, handler);

@@ -87,6 +87,12 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// The verdict on a run that is not settled: `running` once anything
+    /// has started, else `pending`.
+    pub fn unsettled(any_started: bool) -> Self {
+        if any_started { Self::Running } else { Self::Pending }
+    }
+
     /// The run state to store for this verdict.
     pub fn run_state(self) -> RunState {
         match self {
@@ -111,13 +117,8 @@ impl Verdict {
 /// leaves the outcome to the tasks (a run whose last task succeeded before
 /// it saw the cancel succeeds).
 pub fn derive_run_state(tally: &TaskTally, compensation: CompensationProgress) -> Verdict {
-    let unsettled = if tally.any_started {
-        Verdict::Running
-    } else {
-        Verdict::Pending
-    };
     if tally.active() > 0 || tally.total() == 0 {
-        return unsettled;
+        return Verdict::unsettled(tally.any_started);
     }
     if tally.cancelled_by_user > 0 {
         return Verdict::Settled(RunState::Cancelled);

@@ -86,6 +86,8 @@ macro_rules! store_contract_tests {
             cancel_waiting_cancels_waiting_forward_rows_only,
             tally_and_succeeded_keys_count_forward_tasks,
             compensators_are_created_once_and_dispatched,
+            a_cancel_request_does_not_stop_a_rollback,
+            activity_says_whether_forward_tasks_still_move,
             run_transitions_follow_the_workflow_run_machine,
             begin_pass_skips_a_run_already_held,
             a_pass_is_invisible_until_commit_and_rolls_back_on_drop,
@@ -1670,6 +1672,73 @@ pub async fn compensators_are_created_once_and_dispatched<F: StoreFactory>(facto
         p.compensator_states().await.expect("states"),
         [("undo_a".to_owned(), TaskRunState::Succeeded)]
     );
+}
+
+/// Decision 5: a cancel that arrives during a rollback does not interrupt
+/// it. A compensator of a cancel-requested run still claims, its heartbeat
+/// does not ask it to stop, and its expired lease re-dispatches it instead
+/// of cancelling it.
+pub async fn a_cancel_request_does_not_stop_a_rollback<F: StoreFactory>(factory: &F) {
+    let (s, clock) = fresh(factory).await;
+    let mut def = chain();
+    def["tasks"][3]["retry"] = json!({"max_attempts": 2});
+    let run = start(&s, def).await;
+    let a = claim(&s, run, "a", "w", LONG).await;
+    finish(&s, &a, "w", succeeded(json!({}))).await;
+    let mut p = pass(&s, run).await;
+    assert!(p.create_compensator("undo_a", "a").await.expect("create"));
+    p.commit().await.expect("commit");
+    assert_eq!(
+        s.request_cancel(run).await.expect("cancel"),
+        Some(CancelOutcome::Requested)
+    );
+
+    let undo = claim(&s, run, "undo_a", "w1", Duration::from_secs(10)).await;
+    assert_eq!(
+        s.renew_lease(undo.task_run_id, undo.token, Duration::from_secs(10))
+            .await
+            .expect("renew"),
+        LeaseStatus::Held {
+            cancel_requested: false
+        },
+        "a compensator is not told to stop"
+    );
+    clock.advance(Duration::from_secs(11));
+    let reaped = s.reap_expired_leases(Scope::Run(run), 10).await.expect("reap");
+    assert_eq!(reaped.len(), 1);
+    assert!(!reaped[0].cancelled, "a compensator's lease is reaped, not cancelled");
+    let again = view(&s, run, "undo_a").await;
+    assert_eq!(again.state, TaskRunState::Ready);
+    assert!(again.token > undo.token);
+    let redo = claim(&s, run, "undo_a", "w2", LONG).await;
+    finish(&s, &redo, "w2", succeeded(json!({"undone": true}))).await;
+    assert_eq!(view(&s, run, "undo_a").await.state, TaskRunState::Succeeded);
+}
+
+/// `activity` agrees with `tally`: anything pending, ready, running or
+/// retrying among the forward tasks keeps the run moving; compensators do
+/// not count; `any_started` follows the first claim.
+pub async fn activity_says_whether_forward_tasks_still_move<F: StoreFactory>(factory: &F) {
+    let (s, _) = fresh(factory).await;
+    let run = start(&s, single("one", 1)).await;
+    let mut p = pass(&s, run).await;
+    let first = p.activity().await.expect("activity");
+    assert!(first.any_active && !first.any_started, "{first:?}");
+    p.commit().await.expect("commit");
+
+    let c = claim(&s, run, "t", "w", LONG).await;
+    let mut p = pass(&s, run).await;
+    let running = p.activity().await.expect("activity");
+    assert!(running.any_active && running.any_started, "{running:?}");
+    p.commit().await.expect("commit");
+
+    finish(&s, &c, "w", succeeded(json!({}))).await;
+    let mut p = pass(&s, run).await;
+    let done = p.activity().await.expect("activity");
+    let tally = p.tally().await.expect("tally");
+    assert!(!done.any_active && done.any_started, "{done:?}");
+    assert_eq!(tally.active(), 0);
+    assert_eq!(tally.succeeded, 1);
 }
 
 /// `transition_run` applies WorkflowRun edges legal from the stored state,

@@ -20,8 +20,8 @@ pub use ids::{DispatchId, RunId, TaskRunId, WorkerId, WorkflowId};
 pub use observer::{Observer, RunEvent, TaskEvent};
 pub use queue::{Delivery, Dispatch, DispatchConsumer, DispatchPublisher, DispatchQueue, QueueError};
 pub use store::{
-    CancelOutcome, Claim, DefinitionStore, EventView, FinishResult, LeaseStatus, LoadError, Notifier, OutboxStore,
-    OutboxSweep, PassRun, PassTask, PublishError, Published, Reaped, RunDetail, RunPass, RunStore, RunSummary, Scope,
-    Store, StoreError, TaskInputs, TaskOutcome, TaskRunView, Topic, TransitionError, WorkerInfo, WorkerRegistration,
-    WorkerRegistry,
+    Activity, CancelOutcome, Claim, DefinitionStore, EventView, FinishResult, LeaseStatus, LoadError, Notifier,
+    OutboxStore, OutboxSweep, PassRun, PassTask, PublishError, Published, Reaped, RunDetail, RunPass, RunStore,
+    RunSummary, Scope, Store, StoreError, TaskInputs, TaskOutcome, TaskRunView, Topic, TransitionError, WorkerInfo,
+    WorkerRegistration, WorkerRegistry,
 };

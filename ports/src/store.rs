@@ -276,6 +276,15 @@ pub enum CancelOutcome {
     AlreadyFinished(RunState),
 }
 
+/// Whether a run's forward tasks are still moving; see [`RunPass::activity`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Activity {
+    /// A forward task run is pending, ready, running or retrying.
+    pub any_active: bool,
+    /// A task run of the run has started (`started_at` is set).
+    pub any_started: bool,
+}
+
 /// A task run as a pass sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PassTask {
@@ -503,8 +512,9 @@ pub trait RunStore: Send + Sync + 'static {
     fn request_cancel(&self, run: RunId) -> impl Future<Output = Result<Option<CancelOutcome>, StoreError>> + Send;
 
     /// Claims a ready task run for a dispatch: `ready → running` WHERE
-    /// `state = 'ready' AND fencing_token = token` and the run is not
-    /// cancel-requested; bumps the token, sets the lease to store now +
+    /// `state = 'ready' AND fencing_token = token` and, for a forward task,
+    /// the run is not cancel-requested (a compensator still claims: a cancel
+    /// does not interrupt a rollback, decision 5); bumps the token, sets the lease to store now +
     /// `lease`, `started_at = COALESCE(started_at, now)`.
     ///
     /// Contract: `Ok(None)` when the row is not ready at that token (a
@@ -523,6 +533,8 @@ pub trait RunStore: Send + Sync + 'static {
     fn task_inputs(&self, run: RunId, keys: &[String]) -> impl Future<Output = Result<TaskInputs, StoreError>> + Send;
 
     /// Extends the lease to store now + `lease` if `token` still holds it.
+    /// `cancel_requested` is reported for forward tasks only: a running
+    /// compensator finishes its rollback step.
     fn renew_lease(
         &self,
         id: TaskRunId,
@@ -566,8 +578,9 @@ pub trait RunStore: Send + Sync + 'static {
     /// Takes back expired leases (decision 2): for each running row with
     /// `lease_expires_at < store now`, one conditional UPDATE that bumps the
     /// token — `reap_lease` (attempt + 1, outbox row) when attempts remain,
-    /// else `reap_lease_final`; for a cancel-requested run, `reap_lease`
-    /// then `cancel_ready` in one transaction with no dispatch. A row a
+    /// else `reap_lease_final`; for a forward task of a cancel-requested
+    /// run, `reap_lease` then `cancel_ready` in one transaction with no
+    /// dispatch (a compensator is re-dispatched: the rollback goes on). A row a
     /// worker has just finished is never touched.
     fn reap_expired_leases(
         &self,
@@ -642,6 +655,22 @@ pub trait RunPass: Send + 'static {
 
     /// Counts the forward task runs by state, as of now in the transaction.
     fn tally(&mut self) -> impl Future<Output = Result<TaskTally, StoreError>> + Send;
+
+    /// Whether any forward task run is still active (pending, ready,
+    /// running or retrying) and whether any task run has started, as of now
+    /// in the transaction. A pass asks this first and counts with
+    /// [`RunPass::tally`] only once nothing is active, so a pass over a wide
+    /// run costs index lookups, not a scan of its rows. The default derives
+    /// it from `tally`; stores override it with cheaper queries.
+    fn activity(&mut self) -> impl Future<Output = Result<Activity, StoreError>> + Send {
+        async {
+            let tally = self.tally().await?;
+            Ok(Activity {
+                any_active: tally.active() > 0,
+                any_started: tally.any_started,
+            })
+        }
+    }
 
     /// Keys of the succeeded forward task runs.
     fn succeeded_keys(&mut self) -> impl Future<Output = Result<BTreeSet<String>, StoreError>> + Send;
