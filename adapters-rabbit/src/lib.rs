@@ -1,1 +1,66 @@
-//! placeholder
+//! FlowForge's dispatch ports over RabbitMQ (lapin): a durable direct
+//! exchange, a durable **quorum** queue bound to it, publisher confirms and
+//! manual acknowledgement.
+//!
+//! * [`RabbitPublisher`] implements [`DispatchPublisher`]: confirm mode,
+//!   `mandatory`, persistent JSON messages (`message_id` = the dispatch id),
+//!   a whole batch in flight at once, a `basic.return` reported as
+//!   [`QueueError::Unroutable`] although the broker also acks it. It
+//!   declares the exchange only.
+//! * [`RabbitQueue`] implements [`DispatchQueue`]: each
+//!   [`consumer`](flowforge_ports::DispatchQueue::consumer) declares exchange, queue
+//!   (`x-queue-type: quorum`) and binding, then consumes on its own channel
+//!   with prefetch 1 and manual ack. A classic queue of the same name makes
+//!   the declaration fail with PRECONDITION_FAILED, reported as
+//!   [`QueueError::QueueTypeMismatch`] carrying the migration procedure.
+//! * [`backoff`] is the jittered, capped reconnect delay.
+//!
+//! Nothing here retries: a lost connection is [`QueueError::Unavailable`],
+//! and the next publish or `consumer()` call reconnects. The loops above
+//! own the backoff. Every broker operation is bounded by a timeout of
+//! [`RabbitConfig`]. Both types must be used inside a Tokio runtime.
+//!
+//! # The consumer timeout
+//!
+//! RabbitMQ closes a channel whose delivery stays unacknowledged longer
+//! than its `consumer_timeout` (30 minutes by default; `consumer_timeout`
+//! in `rabbitmq.conf`, in milliseconds). Heartbeats do not reset it: it
+//! counts from the delivery, however alive the consumer is. The channel is
+//! closed with PRECONDITION_FAILED, the delivery is requeued and handed to
+//! another worker, and the first worker's ack then fails. So a task must
+//! never be allowed to run, with its claim, outcome write and ack, longer
+//! than that: the worker refuses task timeouts above
+//! [`RabbitConfig::max_task_timeout`] (the consumer timeout minus
+//! [`CONSUMER_TIMEOUT_MARGIN`]). Set [`RabbitConfig::consumer_timeout`] to
+//! the broker's value; raising the broker's limit is the only way to run
+//! longer tasks. (The broker does not tell its clients this value.)
+//!
+//! # Redelivery limits
+//!
+//! RabbitMQ 4.0 and later give quorum queues a default delivery limit of 20:
+//! a message requeued more often is dropped, or dead-lettered if a policy
+//! says where. Every nack, dropped delivery and lost consumer counts. The
+//! outbox does not republish a confirmed dispatch, so raise the limit with a
+//! policy (`delivery-limit`) where tasks may be requeued that often; this
+//! adapter declares no `x-delivery-limit` argument, since changing a queue's
+//! arguments later makes its declaration fail.
+//!
+//! [`DispatchPublisher`]: flowforge_ports::DispatchPublisher
+//! [`DispatchQueue`]: flowforge_ports::DispatchQueue
+//! [`QueueError::Unroutable`]: flowforge_ports::QueueError::Unroutable
+//! [`QueueError::QueueTypeMismatch`]: flowforge_ports::QueueError::QueueTypeMismatch
+//! [`QueueError::Unavailable`]: flowforge_ports::QueueError::Unavailable
+
+mod backoff;
+mod broker;
+mod config;
+mod consumer;
+mod publisher;
+
+pub use backoff::{BACKOFF_BASE, BACKOFF_CAP, backoff, backoff_ceiling};
+pub use config::{
+    CONSUMER_TIMEOUT_MARGIN, ConfigError, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_EXCHANGE, DEFAULT_QUEUE,
+    DEFAULT_ROUTING_KEY, RabbitConfig,
+};
+pub use consumer::{RabbitConsumer, RabbitDelivery, RabbitQueue};
+pub use publisher::RabbitPublisher;

@@ -1,0 +1,310 @@
+//! The adapter's configuration, and its validation into the settings the
+//! publisher and the queue run with.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use lapin::types::ShortString;
+use lapin::uri::{AMQPScheme, AMQPUri};
+
+/// The dispatch exchange's default name.
+pub const DEFAULT_EXCHANGE: &str = "flowforge";
+/// The dispatch queue's default name.
+pub const DEFAULT_QUEUE: &str = "flowforge.tasks";
+/// The default routing key binding the queue to the exchange.
+pub const DEFAULT_ROUTING_KEY: &str = "flowforge.tasks";
+/// RabbitMQ's default `consumer_timeout`: a delivery left unacknowledged
+/// this long closes its channel.
+pub const DEFAULT_CONSUMER_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// What [`RabbitConfig::max_task_timeout`] keeps below the consumer timeout:
+/// time for the claim before the handler, and after it the handler's
+/// cancellation grace, the outcome write and the ack.
+pub const CONSUMER_TIMEOUT_MARGIN: Duration = Duration::from_secs(2 * 60);
+
+/// How to reach RabbitMQ and what to declare there.
+///
+/// Build it with [`RabbitConfig::new`] and override fields as needed. The
+/// URL's password is never printed by `Debug` nor carried in errors.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RabbitConfig {
+    /// `amqp://user:password@host:port/vhost` (percent-encode the vhost:
+    /// `%2f` is `/`). A `heartbeat=SECONDS` query parameter sets the AMQP
+    /// heartbeat. TLS (`amqps`) is not supported by this build.
+    pub url: String,
+    /// The dispatch exchange (durable, direct). Default `flowforge`.
+    pub exchange: String,
+    /// The dispatch queue (durable, quorum). Default `flowforge.tasks`.
+    pub queue: String,
+    /// The routing key dispatches are published with and the queue is bound
+    /// with. Default `flowforge.tasks`.
+    pub routing_key: String,
+    /// Bounds each single broker operation once connected: writing one
+    /// publish to the socket, one ack, one nack or reject. Default 5 s.
+    pub publish_timeout: Duration,
+    /// Bounds the wait for a whole batch's confirms, from the moment all of
+    /// its publishes are written. Default 10 s.
+    pub confirm_timeout: Duration,
+    /// Bounds connecting (TCP and AMQP handshake) and each setup step
+    /// (opening a channel, declaring, setting QoS, starting a consumer).
+    /// Default 5 s.
+    pub connect_timeout: Duration,
+    /// The connection name shown by `rabbitmqctl list_connections` and the
+    /// management UI. Default `flowforge`.
+    pub connection_name: String,
+    /// The broker's consumer timeout (`consumer_timeout` in
+    /// `rabbitmq.conf`): set it to what the broker is configured with.
+    /// Default 30 min, RabbitMQ's default. See the crate docs.
+    pub consumer_timeout: Duration,
+}
+
+impl RabbitConfig {
+    /// A configuration for `url` with every other field at its default.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            exchange: DEFAULT_EXCHANGE.to_owned(),
+            queue: DEFAULT_QUEUE.to_owned(),
+            routing_key: DEFAULT_ROUTING_KEY.to_owned(),
+            publish_timeout: Duration::from_secs(5),
+            confirm_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            connection_name: "flowforge".to_owned(),
+            consumer_timeout: DEFAULT_CONSUMER_TIMEOUT,
+        }
+    }
+
+    /// The longest task timeout a worker consuming from this broker may
+    /// accept: the consumer timeout minus [`CONSUMER_TIMEOUT_MARGIN`]
+    /// (28 min by default). A task allowed to run longer would outlive its
+    /// delivery: the broker would close the channel and redeliver it while
+    /// the handler still runs.
+    pub fn max_task_timeout(&self) -> Duration {
+        self.consumer_timeout.saturating_sub(CONSUMER_TIMEOUT_MARGIN)
+    }
+
+    /// Checks the configuration without touching the network.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        Settings::from_config(self).map(|_| ())
+    }
+}
+
+impl fmt::Debug for RabbitConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitConfig")
+            .field("url", &redact(&self.url))
+            .field("exchange", &self.exchange)
+            .field("queue", &self.queue)
+            .field("routing_key", &self.routing_key)
+            .field("publish_timeout", &self.publish_timeout)
+            .field("confirm_timeout", &self.confirm_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("connection_name", &self.connection_name)
+            .field("consumer_timeout", &self.consumer_timeout)
+            .finish()
+    }
+}
+
+/// Why a [`RabbitConfig`] cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The URL does not parse as an AMQP URL.
+    #[error("invalid AMQP URL {url}: {reason}")]
+    InvalidUrl {
+        /// The URL, password removed.
+        url: String,
+        /// The parser's complaint.
+        reason: String,
+    },
+    /// `amqps` was asked for; this build has no TLS.
+    #[error("TLS (amqps) is not supported by this build; use amqp://")]
+    TlsUnsupported,
+    /// A name that must be set is empty.
+    #[error("{0} must not be empty")]
+    Empty(&'static str),
+    /// A name is longer than AMQP allows.
+    #[error("{field} is {len} bytes long; AMQP names are at most 255 bytes")]
+    TooLong {
+        /// Which field.
+        field: &'static str,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A timeout is zero.
+    #[error("{0} must be greater than zero")]
+    ZeroTimeout(&'static str),
+}
+
+/// A validated configuration, in the types lapin wants.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) uri: AMQPUri,
+    /// The URL without its password, for messages.
+    pub(crate) display_url: String,
+    pub(crate) exchange: ShortString,
+    pub(crate) queue: ShortString,
+    pub(crate) routing_key: ShortString,
+    pub(crate) connection_name: String,
+    pub(crate) publish_timeout: Duration,
+    pub(crate) confirm_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+}
+
+impl Settings {
+    pub(crate) fn from_config(config: &RabbitConfig) -> Result<Self, ConfigError> {
+        let display_url = redact(&config.url);
+        let mut uri = AMQPUri::from_str(&config.url).map_err(|reason| ConfigError::InvalidUrl {
+            url: display_url.clone(),
+            reason,
+        })?;
+        if uri.scheme == AMQPScheme::AMQPS {
+            return Err(ConfigError::TlsUnsupported);
+        }
+        // amq-protocol-uri reads the host with `Url::domain`, which is None
+        // for an IP address, and then falls back to "localhost": an IP in
+        // the URL would silently connect to this machine. Take the literal.
+        if let Some(host) = literal_host(&config.url) {
+            uri.authority.host = host;
+        }
+        for (field, value) in [
+            ("publish_timeout", config.publish_timeout),
+            ("confirm_timeout", config.confirm_timeout),
+            ("connect_timeout", config.connect_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::ZeroTimeout(field));
+            }
+        }
+        Ok(Self {
+            uri,
+            display_url,
+            // The default exchange cannot be declared, and an empty queue
+            // name asks the broker for a random one: neither is a topology.
+            exchange: amqp_name("exchange", &config.exchange, false)?,
+            queue: amqp_name("queue", &config.queue, false)?,
+            routing_key: amqp_name("routing_key", &config.routing_key, true)?,
+            connection_name: config.connection_name.clone(),
+            publish_timeout: config.publish_timeout,
+            confirm_timeout: config.confirm_timeout,
+            connect_timeout: config.connect_timeout,
+        })
+    }
+
+    /// The vhost, for operator commands.
+    pub(crate) fn vhost(&self) -> &str {
+        &self.uri.vhost
+    }
+}
+
+fn amqp_name(field: &'static str, value: &str, may_be_empty: bool) -> Result<ShortString, ConfigError> {
+    if value.is_empty() && !may_be_empty {
+        return Err(ConfigError::Empty(field));
+    }
+    ShortString::try_new(value.to_owned()).map_err(|_| ConfigError::TooLong {
+        field,
+        len: value.len(),
+    })
+}
+
+/// The host exactly as written in `url` when it is an IP address (brackets
+/// of an IPv6 literal removed); `None` for a name, which the parser keeps.
+fn literal_host(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    let host = if let Some(v6) = host_port.strip_prefix('[') {
+        v6.split_once(']')?.0
+    } else {
+        host_port.split(':').next()?
+    };
+    host.parse::<std::net::IpAddr>().ok().map(|ip| ip.to_string())
+}
+
+/// `url` with the password of its user info replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}{tail}")
+            } else {
+                format!("{scheme}://{user}@{host}{tail}")
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_the_password() {
+        assert_eq!(
+            redact("amqp://guest:secret@host:5672/%2f"),
+            "amqp://guest:***@host:5672/%2f"
+        );
+        assert_eq!(redact("amqp://guest@host/%2f"), "amqp://guest@host/%2f");
+        assert_eq!(redact("amqp://host"), "amqp://host");
+        let debug = format!("{:?}", RabbitConfig::new("amqp://u:p4ss@h/v"));
+        assert!(!debug.contains("p4ss"), "{debug}");
+    }
+
+    #[test]
+    fn keeps_ip_hosts_the_parser_would_lose() {
+        let settings = Settings::from_config(&RabbitConfig::new("amqp://u:p@10.1.2.3:5673/%2f")).unwrap();
+        assert_eq!(settings.uri.authority.host, "10.1.2.3");
+        assert_eq!(settings.uri.authority.port, 5673);
+        assert_eq!(settings.vhost(), "/");
+        let settings = Settings::from_config(&RabbitConfig::new("amqp://[::1]:5672/v")).unwrap();
+        assert_eq!(settings.uri.authority.host, "::1");
+        let settings = Settings::from_config(&RabbitConfig::new("amqp://rabbit.example:5672/v")).unwrap();
+        assert_eq!(settings.uri.authority.host, "rabbit.example");
+    }
+
+    #[test]
+    fn rejects_what_cannot_work() {
+        let check = |f: fn(&mut RabbitConfig), expected: ConfigError| {
+            let mut config = RabbitConfig::new("amqp://localhost/%2f");
+            f(&mut config);
+            assert_eq!(config.validate(), Err(expected));
+        };
+        check(|c| c.url = "amqps://localhost/%2f".into(), ConfigError::TlsUnsupported);
+        check(|c| c.exchange.clear(), ConfigError::Empty("exchange"));
+        check(|c| c.queue.clear(), ConfigError::Empty("queue"));
+        check(
+            |c| c.queue = "q".repeat(256),
+            ConfigError::TooLong {
+                field: "queue",
+                len: 256,
+            },
+        );
+        check(
+            |c| c.confirm_timeout = Duration::ZERO,
+            ConfigError::ZeroTimeout("confirm_timeout"),
+        );
+        check(
+            |c| c.publish_timeout = Duration::ZERO,
+            ConfigError::ZeroTimeout("publish_timeout"),
+        );
+        assert!(matches!(
+            RabbitConfig::new("nope").validate(),
+            Err(ConfigError::InvalidUrl { .. })
+        ));
+        assert!(RabbitConfig::new("amqp://localhost/%2f").validate().is_ok());
+    }
+
+    #[test]
+    fn max_task_timeout_keeps_a_margin_below_the_consumer_timeout() {
+        let mut config = RabbitConfig::new("amqp://localhost");
+        assert_eq!(config.max_task_timeout(), Duration::from_secs(28 * 60));
+        config.consumer_timeout = Duration::from_secs(60);
+        assert_eq!(config.max_task_timeout(), Duration::ZERO);
+    }
+}
