@@ -13,7 +13,8 @@ CREATE TABLE workflow (
     CONSTRAINT uniq_workflow_name_version UNIQUE (name, version),
     CONSTRAINT workflow_version_positive CHECK (version >= 1),
     CONSTRAINT workflow_name_not_blank CHECK (btrim(name) <> ''),
-    CONSTRAINT workflow_fingerprint_sha256 CHECK (fingerprint ~ '^[0-9a-f]{64}$')
+    CONSTRAINT workflow_fingerprint_sha256 CHECK (fingerprint ~ '^[0-9a-f]{64}$'),
+    CONSTRAINT workflow_definition_json CHECK (jsonb_typeof(definition) = 'object')
 );
 
 CREATE TABLE task (
@@ -22,7 +23,9 @@ CREATE TABLE task (
     position        INTEGER NOT NULL,
     task_type       TEXT NOT NULL,
     depends_on      JSONB NOT NULL,
-    config          JSONB NOT NULL,
+    -- NULL: not written (kept apart from `{}` so a load returns the very
+    -- document that was published).
+    config          JSONB,
     timeout_seconds DOUBLE PRECISION,
     retry           JSONB,
     compensate_for  TEXT,
@@ -32,7 +35,10 @@ CREATE TABLE task (
     CONSTRAINT uniq_task_position UNIQUE (workflow_id, position),
     CONSTRAINT task_key_not_blank CHECK (btrim(key) <> ''),
     CONSTRAINT task_type_not_blank CHECK (btrim(task_type) <> ''),
-    CONSTRAINT task_max_attempts_positive CHECK (max_attempts >= 1)
+    CONSTRAINT task_max_attempts_positive CHECK (max_attempts >= 1),
+    CONSTRAINT task_depends_on_json CHECK (jsonb_typeof(depends_on) = 'array'),
+    CONSTRAINT task_config_json CHECK (config IS NULL OR jsonb_typeof(config) = 'object'),
+    CONSTRAINT task_retry_json CHECK (retry IS NULL OR jsonb_typeof(retry) = 'object')
 );
 
 CREATE TABLE workflow_run (
@@ -147,16 +153,30 @@ CREATE TABLE worker (
     CONSTRAINT worker_concurrency_positive CHECK (concurrency >= 1)
 );
 
--- runs_with_work: task runs flagged for the scheduler.
+-- Every index serves named queries (see src/queries.rs); the partial ones
+-- hold only active work, so a scheduler pass costs in proportion to active
+-- work, never to history. Unique constraints double as indexes:
+-- uniq_workflow_name_version (find_definition, publish_definition),
+-- uniq_task_position (load_definition), task_pkey (start_run, the reaper's and
+-- the promotions' task_type lookups), uniq_taskrun_run_key (get_run,
+-- task_inputs, tally, succeeded_keys, compensator_states, cancel_pending,
+-- satisfy_dependencies' count update), uniq_outbox_taskrun_token (the
+-- outbox's ON CONFLICT).
+
+-- runs_with_work, take_flagged: task runs flagged for the scheduler.
 CREATE INDEX taskrun_needs_pass_idx ON task_run (run_id) WHERE needs_pass;
 -- runs_with_work, promote_due_retries, next_deadline: retries by due time.
 CREATE INDEX taskrun_retry_due_idx ON task_run (retry_at) WHERE state = 'retrying';
 -- reap_expired_leases, next_deadline: the reaper's scan of running leases.
 CREATE INDEX taskrun_lease_expiry_idx ON task_run (lease_expires_at) WHERE state = 'running';
--- A pass's per-run queries over waiting rows (promotion, cancellation).
-CREATE INDEX taskrun_waiting_idx ON task_run (run_id, state) WHERE state IN ('pending', 'ready', 'retrying');
+-- satisfy_dependencies (promotion), promote_due_retries, cancel_waiting,
+-- activity: a pass's per-run queries over active rows, so a pass never walks
+-- finished ones.
+CREATE INDEX taskrun_active_idx ON task_run (run_id, state) WHERE state IN ('pending', 'ready', 'running', 'retrying');
 -- runs_with_work: cancel requests not yet handled.
 CREATE INDEX workflowrun_needs_pass_idx ON workflow_run (id) WHERE needs_pass;
+-- runs_with_work: the runs not yet terminal, so finished history is never scanned.
+CREATE INDEX workflowrun_active_idx ON workflow_run (id) WHERE state IN ('pending', 'running');
 -- list_runs: newest first.
 CREATE INDEX workflowrun_created_idx ON workflow_run (created_at DESC);
 -- get_run: a run's history.

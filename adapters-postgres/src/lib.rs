@@ -1,1 +1,39 @@
-//! placeholder
+//! FlowForge's store ports over PostgreSQL: the distributed source of truth.
+//!
+//! [`PgStore`] implements every store port of `flowforge-ports` with sqlx's
+//! runtime API (no compile-time checked queries, so a build needs no
+//! database). The rules it keeps:
+//!
+//! * Every task-run transition is ONE conditional `UPDATE … WHERE id = $ AND
+//!   state = $ [AND fencing_token = $]`, decided by the database, with its
+//!   event row written by the same statement (a data-modifying CTE on the
+//!   `UPDATE … RETURNING`), so the event exists iff the row changed. No
+//!   `SELECT … FOR UPDATE` on task rows, no application lock, no retry loop.
+//! * Store time is the database clock plus the [`Clock`](flowforge_ports::Clock)
+//!   offset, bound per statement; Rust's clock never enters the arithmetic.
+//! * A scheduler pass holds its run with `FOR UPDATE SKIP LOCKED`, so any
+//!   number of schedulers run side by side; the outbox sweep does the same
+//!   to its rows.
+//! * Wake-ups travel by `LISTEN/NOTIFY`, sent right after the writing
+//!   commit (never inside it: a notifying commit holds a global lock through
+//!   its WAL flush), and wake this process's own waiters directly.
+//!
+//! The schema lives in `migrations/`, embedded in the binary; [`PgStore::connect`]
+//! refuses a database whose migrations are not applied, and
+//! [`PgStore::migrate`] applies them.
+
+mod definitions;
+mod error;
+mod notify;
+mod outbox;
+mod pass;
+pub mod queries;
+mod rows;
+mod runs;
+mod store;
+mod workers;
+
+pub use notify::PgNotifier;
+pub use outbox::PgSweep;
+pub use pass::PgRunPass;
+pub use store::{PgOptions, PgStore};

@@ -1,0 +1,130 @@
+//! The transactional outbox (DESIGN §3 decision 9): a sweep holds its rows
+//! locked (`FOR UPDATE SKIP LOCKED` in a CTE, bounded) in a transaction
+//! kept open while the publisher publishes, and marks them in it.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use flowforge_ports::{Dispatch, DispatchId, OutboxStore, OutboxSweep, RunId, Scope, StoreError, TaskRunId};
+use sqlx::{Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::error::store_error;
+use crate::queries;
+use crate::store::PgStore;
+
+#[derive(Debug, sqlx::FromRow)]
+struct OutboxRow {
+    id: i64,
+    task_run_id: i64,
+    run_id: Uuid,
+    task_key: String,
+    task_type: String,
+    fencing_token: i64,
+}
+
+/// One sweep: the rows it holds stay locked until commit or drop (drop
+/// rolls back: every row stays unpublished).
+pub struct PgSweep {
+    store: PgStore,
+    /// `None` only once committed (or while dropping).
+    tx: Option<Transaction<'static, Postgres>>,
+    dispatches: Vec<Dispatch>,
+    held: BTreeSet<i64>,
+}
+
+impl Drop for PgSweep {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            self.store.inner.rollbacks.spawn(tx);
+        }
+    }
+}
+
+impl fmt::Debug for PgSweep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgSweep")
+            .field("dispatches", &self.dispatches.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl OutboxStore for PgStore {
+    type Sweep = PgSweep;
+
+    async fn begin_sweep(&self, scope: Scope, limit: u32) -> Result<Option<PgSweep>, StoreError> {
+        if limit == 0 {
+            return Ok(None);
+        }
+        // A sweep this process dropped may still hold its rows' locks.
+        self.inner.rollbacks.settled().await;
+        let mut tx = self.inner.pool.begin().await.map_err(store_error)?;
+        let run = match scope {
+            Scope::All => None,
+            Scope::Run(run) => Some(run.0),
+        };
+        let rows: Vec<OutboxRow> = sqlx::query_as(queries::SWEEP)
+            .bind(i64::from(limit))
+            .bind(run)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        if rows.is_empty() {
+            tx.rollback().await.map_err(store_error)?;
+            return Ok(None);
+        }
+        let held = rows.iter().map(|r| r.id).collect();
+        let dispatches = rows
+            .into_iter()
+            .map(|r| Dispatch {
+                dispatch_id: DispatchId(r.id),
+                task_run_id: TaskRunId(r.task_run_id),
+                run_id: RunId(r.run_id),
+                task_key: r.task_key,
+                task_type: r.task_type,
+                fencing_token: r.fencing_token,
+            })
+            .collect();
+        Ok(Some(PgSweep {
+            store: self.clone(),
+            tx: Some(tx),
+            dispatches,
+            held,
+        }))
+    }
+}
+
+impl OutboxSweep for PgSweep {
+    fn dispatches(&self) -> &[Dispatch] {
+        &self.dispatches
+    }
+
+    async fn mark_published(&mut self, ids: &[DispatchId]) -> Result<(), StoreError> {
+        // Only rows this sweep holds: marking another sweeper's row would
+        // wait on its lock and publish nothing.
+        let ids: Vec<i64> = ids.iter().map(|d| d.0).filter(|id| self.held.contains(id)).collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let offset = self.store.offset();
+        let tx = self
+            .tx
+            .as_deref_mut()
+            .ok_or_else(|| StoreError::Other("the sweep has ended".to_owned()))?;
+        sqlx::query(queries::MARK_PUBLISHED)
+            .bind(offset)
+            .bind(&ids)
+            .execute(tx)
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    async fn commit(mut self) -> Result<(), StoreError> {
+        let tx = self
+            .tx
+            .take()
+            .ok_or_else(|| StoreError::Other("the sweep has ended".to_owned()))?;
+        tx.commit().await.map_err(store_error)
+    }
+}

@@ -1,0 +1,320 @@
+//! One run's scheduler transaction (DESIGN §5): the run locked with
+//! `FOR UPDATE SKIP LOCKED`, every change a batched conditional UPDATE with
+//! its events and outbox rows, nothing visible until commit.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use flowforge_domain::derive::TaskTally;
+use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, run_machine};
+use flowforge_ports::{Activity, PassRun, PassTask, RunId, RunPass, StoreError, Topic, WorkflowId};
+use sqlx::{PgConnection, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::error::store_error;
+use crate::queries;
+use crate::rows::{FlaggedRow, parse_name};
+use crate::store::PgStore;
+
+/// The scheduler transaction of one run. Dropping it rolls back.
+pub struct PgRunPass {
+    store: PgStore,
+    /// `None` only once committed (or while dropping).
+    tx: Option<Transaction<'static, Postgres>>,
+    run: PassRun,
+    /// Outbox rows were written: wake the publisher after commit.
+    dispatched: bool,
+    /// The run reached a terminal state: wake its waiters after commit.
+    settled: bool,
+}
+
+impl Drop for PgRunPass {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            self.store.inner.rollbacks.spawn(tx);
+        }
+    }
+}
+
+impl fmt::Debug for PgRunPass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgRunPass")
+            .field("run", &self.run)
+            .field("dispatched", &self.dispatched)
+            .field("settled", &self.settled)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct LockedRun {
+    id: Uuid,
+    workflow_id: i64,
+    state: String,
+    cancel_requested: bool,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct TallyRow {
+    state: String,
+    cancel_reason: Option<String>,
+    n: i64,
+    any_started: Option<bool>,
+}
+
+impl PgRunPass {
+    pub(crate) async fn begin(store: PgStore, run: RunId) -> Result<Option<Self>, StoreError> {
+        // A pass this process dropped may still hold the run's lock.
+        store.inner.rollbacks.settled().await;
+        let mut tx = store.inner.pool.begin().await.map_err(store_error)?;
+        let locked: Option<LockedRun> = sqlx::query_as(queries::BEGIN_PASS)
+            .bind(run.0)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        let Some(locked) = locked else {
+            tx.rollback().await.map_err(store_error)?;
+            return Ok(None);
+        };
+        let run = PassRun {
+            id: RunId(locked.id),
+            workflow_id: WorkflowId(locked.workflow_id),
+            state: parse_name::<RunState>(&locked.state, "workflow_run.state")?,
+            cancel_requested: locked.cancel_requested,
+        };
+        Ok(Some(Self {
+            store,
+            tx: Some(tx),
+            run,
+            dispatched: false,
+            settled: false,
+        }))
+    }
+
+    /// The pass's connection, inside its transaction.
+    fn conn(&mut self) -> Result<&mut PgConnection, StoreError> {
+        self.tx
+            .as_deref_mut()
+            .ok_or_else(|| StoreError::Other("the scheduler pass has ended".to_owned()))
+    }
+
+    /// Runs a promotion statement (keys made ready, with outbox rows).
+    async fn promote(&mut self, sql: &'static str) -> Result<Vec<String>, StoreError> {
+        // The handle is shared by Arc: cloning it frees `self` for the connection borrow.
+        let store = self.store.clone();
+        let rows: Vec<(String, bool)> = sqlx::query_as(sql)
+            .bind(store.offset())
+            .bind(self.run.id.0)
+            .bind(self.run.workflow_id.0)
+            .fetch_all(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        self.dispatched |= rows.iter().any(|(_, woke)| *woke);
+        Ok(rows.into_iter().map(|(key, _)| key).collect())
+    }
+}
+
+impl RunPass for PgRunPass {
+    fn run(&self) -> &PassRun {
+        &self.run
+    }
+
+    async fn take_flagged(&mut self) -> Result<Vec<PassTask>, StoreError> {
+        let rows: Vec<FlaggedRow> = sqlx::query_as(queries::TAKE_FLAGGED)
+            .bind(self.run.id.0)
+            .fetch_all(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        rows.into_iter().map(FlaggedRow::into_pass_task).collect()
+    }
+
+    async fn satisfy_dependencies(&mut self, done: &[(String, u32)]) -> Result<Vec<String>, StoreError> {
+        let store = self.store.clone();
+        // One UPDATE for the whole batch: a row named twice gets the sum
+        // (an UPDATE … FROM would apply only one of its matches).
+        let mut sums: BTreeMap<&str, i64> = BTreeMap::new();
+        for (key, n) in done {
+            *sums.entry(key.as_str()).or_default() += i64::from(*n);
+        }
+        let mut made_ready = Vec::new();
+        if !sums.is_empty() {
+            let keys: Vec<&str> = sums.keys().copied().collect();
+            let amounts = sums
+                .values()
+                .map(|n| i32::try_from(*n).map_err(|_| StoreError::Other(format!("dependency count {n} is too large"))))
+                .collect::<Result<Vec<i32>, _>>()?;
+            let rows: Vec<(String, bool)> = sqlx::query_as(queries::LOWER_AND_PROMOTE)
+                .bind(store.offset())
+                .bind(self.run.id.0)
+                .bind(self.run.workflow_id.0)
+                .bind(&keys)
+                .bind(&amounts)
+                .fetch_all(self.conn()?)
+                .await
+                .map_err(store_error)?;
+            self.dispatched |= rows.iter().any(|(_, woke)| *woke);
+            made_ready.extend(rows.into_iter().map(|(key, _)| key));
+        }
+        made_ready.extend(self.promote(queries::PROMOTE_SATISFIED).await?);
+        Ok(made_ready)
+    }
+
+    async fn promote_due_retries(&mut self) -> Result<Vec<String>, StoreError> {
+        self.promote(queries::PROMOTE_RETRIES).await
+    }
+
+    async fn cancel_pending(&mut self, keys: &[String], reason: CancelReason) -> Result<Vec<String>, StoreError> {
+        let store = self.store.clone();
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        sqlx::query_scalar(queries::CANCEL_PENDING)
+            .bind(store.offset())
+            .bind(self.run.id.0)
+            .bind(keys)
+            .bind(reason.as_str())
+            .fetch_all(self.conn()?)
+            .await
+            .map_err(store_error)
+    }
+
+    async fn cancel_waiting(&mut self) -> Result<Vec<String>, StoreError> {
+        let store = self.store.clone();
+        sqlx::query_scalar(queries::CANCEL_WAITING)
+            .bind(store.offset())
+            .bind(self.run.id.0)
+            .fetch_all(self.conn()?)
+            .await
+            .map_err(store_error)
+    }
+
+    async fn tally(&mut self) -> Result<TaskTally, StoreError> {
+        let rows: Vec<TallyRow> = sqlx::query_as(queries::TALLY)
+            .bind(self.run.id.0)
+            .fetch_all(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        let mut tally = TaskTally::default();
+        for row in rows {
+            let state: TaskRunState = parse_name(&row.state, "task_run.state")?;
+            let reason = row
+                .cancel_reason
+                .map(|r| parse_name::<CancelReason>(&r, "task_run.cancel_reason"))
+                .transpose()?;
+            let count = u64::try_from(row.n).unwrap_or_default();
+            let counter = match state {
+                TaskRunState::Pending => &mut tally.pending,
+                TaskRunState::Ready => &mut tally.ready,
+                TaskRunState::Running => &mut tally.running,
+                TaskRunState::Retrying => &mut tally.retrying,
+                TaskRunState::Succeeded => &mut tally.succeeded,
+                TaskRunState::Failed => &mut tally.failed,
+                TaskRunState::Cancelled => match reason {
+                    Some(CancelReason::UpstreamFailed) => &mut tally.cancelled_upstream,
+                    Some(CancelReason::User) | None => &mut tally.cancelled_by_user,
+                },
+            };
+            *counter += count;
+            tally.any_started |= row.any_started.unwrap_or(false);
+        }
+        Ok(tally)
+    }
+
+    async fn activity(&mut self) -> Result<Activity, StoreError> {
+        let not_pending = self.run.state != RunState::Pending;
+        let (any_active, any_started): (bool, bool) = sqlx::query_as(queries::ACTIVITY)
+            .bind(self.run.id.0)
+            .bind(not_pending)
+            .fetch_one(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        Ok(Activity {
+            any_active,
+            any_started,
+        })
+    }
+
+    async fn succeeded_keys(&mut self) -> Result<BTreeSet<String>, StoreError> {
+        let keys: Vec<String> = sqlx::query_scalar(queries::SUCCEEDED_KEYS)
+            .bind(self.run.id.0)
+            .fetch_all(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        Ok(keys.into_iter().collect())
+    }
+
+    async fn compensator_states(&mut self) -> Result<Vec<(String, TaskRunState)>, StoreError> {
+        let rows: Vec<(String, String)> = sqlx::query_as(queries::COMPENSATOR_STATES)
+            .bind(self.run.id.0)
+            .fetch_all(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        rows.into_iter()
+            .map(|(key, state)| Ok((key, parse_name(&state, "task_run.state")?)))
+            .collect()
+    }
+
+    async fn create_compensator(&mut self, key: &str, compensate_for: &str) -> Result<bool, StoreError> {
+        let store = self.store.clone();
+        let (known, created, woke): (bool, bool, bool) = sqlx::query_as(queries::CREATE_COMPENSATOR)
+            .bind(store.offset())
+            .bind(self.run.id.0)
+            .bind(self.run.workflow_id.0)
+            .bind(key)
+            .bind(compensate_for)
+            .fetch_one(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        if !known {
+            return Err(StoreError::Other(format!(
+                "workflow {} has no compensation task '{key}' for '{compensate_for}'",
+                self.run.workflow_id
+            )));
+        }
+        self.dispatched |= woke;
+        Ok(created)
+    }
+
+    async fn transition_run(&mut self, edge: RunTransition) -> Result<bool, StoreError> {
+        let store = self.store.clone();
+        let Some(t) = run_machine().get(edge) else {
+            return Err(StoreError::Other(format!("'{edge}' is not a WorkflowRun transition")));
+        };
+        // The pass holds the run's lock, so the state it tracks is the
+        // stored one: an edge from another state is a caller bug.
+        if t.source != self.run.state {
+            return Err(StoreError::Other(format!(
+                "illegal workflow run transition '{edge}' from '{}' (it leaves '{}')",
+                self.run.state, t.source
+            )));
+        }
+        let terminal = run_machine().is_terminal(t.target);
+        let (moved, woke): (bool, bool) = sqlx::query_as(queries::TRANSITION_RUN)
+            .bind(store.offset())
+            .bind(self.run.id.0)
+            .bind(t.source.as_str())
+            .bind(t.target.as_str())
+            .bind(edge.as_str())
+            .bind(terminal)
+            .fetch_one(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        if moved {
+            self.run.state = t.target;
+            self.settled |= woke;
+        }
+        Ok(moved)
+    }
+
+    async fn commit(mut self) -> Result<(), StoreError> {
+        let tx = self
+            .tx
+            .take()
+            .ok_or_else(|| StoreError::Other("the scheduler pass has ended".to_owned()))?;
+        tx.commit().await.map_err(store_error)?;
+        self.store
+            .announce(&[(Topic::Publisher, self.dispatched), (Topic::RunSettled, self.settled)])
+            .await;
+        Ok(())
+    }
+}

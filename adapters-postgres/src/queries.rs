@@ -1,0 +1,782 @@
+//! Every SQL statement the store runs, in one place, so the indexes in
+//! `migrations/` can name the query they serve and tests can `EXPLAIN` the
+//! exact text.
+//!
+//! Conventions: in a statement that reads store time, `$1` is the Clock
+//! port's offset (an interval) and store time is
+//! `statement_timestamp() + $1` — the database's clock, constant within the
+//! statement and advancing between the statements of a transaction (so a
+//! scheduler pass never records an event dated before the finish it reacts
+//! to).
+//!
+//! Writes do not call `pg_notify` themselves: a transaction that notifies
+//! holds PostgreSQL's global notify lock through its commit's WAL flush,
+//! which serialises every notifying commit (measured here: 16 clients of a
+//! one-row UPDATE fell from ~8 400 to ~500 commits/s). Each write instead
+//! returns which wake-ups it owes (`woke…` columns) and the store sends
+//! [`NOTIFY`] right after the commit (see `notify.rs`).
+
+/// Store time: the database clock plus the Clock port's offset (`$1`).
+macro_rules! now {
+    () => {
+        "(statement_timestamp() + $1::interval)"
+    };
+}
+
+/// The columns of a task-run event row.
+macro_rules! event_insert {
+    () => {
+        "INSERT INTO task_run_event \
+         (task_run_id, run_id, task_key, transition, from_state, to_state, attempt, fencing_token, worker, at, error) "
+    };
+}
+
+/// Whether a CTE produced a row: tells Rust which wake-ups the write owes.
+macro_rules! any_row {
+    ($cte:literal) => {
+        concat!("(SELECT count(*) FROM ", $cte, ") > 0")
+    };
+}
+
+/// Channel woken by finishes, first claims, started runs, cancel requests
+/// and reaps.
+pub const CHANNEL_SCHEDULER: &str = "flowforge_scheduler";
+/// Channel woken when outbox rows are inserted.
+pub const CHANNEL_PUBLISHER: &str = "flowforge_publisher";
+/// Channel woken when a run reaches a terminal state.
+pub const CHANNEL_RUN_SETTLED: &str = "flowforge_run_settled";
+
+// ---------------------------------------------------------------------------
+// Definitions
+
+/// find_definition / publish_definition: a definition by (name, version).
+/// `$1` name, `$2` version. Served by `uniq_workflow_name_version`.
+pub const FIND_WORKFLOW: &str = "SELECT id, fingerprint FROM workflow WHERE name = $1 AND version = $2";
+
+/// publish_definition: the workflow row. `$1` offset, `$2` name, `$3`
+/// version, `$4` description, `$5` fingerprint, `$6` document.
+pub const INSERT_WORKFLOW: &str = concat!(
+    "INSERT INTO workflow (name, version, description, fingerprint, definition, created_at) \
+     VALUES ($2, $3, $4, $5, $6, ",
+    now!(),
+    ") RETURNING id, created_at"
+);
+
+/// publish_definition: every task row in one statement. `$1` workflow id,
+/// `$2` a JSON array of task records.
+pub const INSERT_TASKS: &str = "\
+INSERT INTO task (workflow_id, key, position, task_type, depends_on, config, timeout_seconds, retry,
+                  compensate_for, max_attempts)
+SELECT $1, x.key, x.position, x.task_type, x.depends_on, x.config, x.timeout_seconds, x.retry,
+       x.compensate_for, x.max_attempts
+FROM jsonb_to_recordset($2) AS x(key text, position int4, task_type text, depends_on jsonb, config jsonb,
+                                 timeout_seconds float8, retry jsonb, compensate_for text, max_attempts int4)";
+
+/// load_definition: the workflow row. `$1` id.
+pub const LOAD_WORKFLOW: &str =
+    "SELECT id, name, version, description, fingerprint, definition, created_at FROM workflow WHERE id = $1";
+
+/// load_definition: its task rows in declaration order. `$1` workflow id.
+/// Served by `uniq_task_position`.
+pub const LOAD_TASKS: &str = "\
+SELECT key, position, task_type, depends_on, config, timeout_seconds, retry, compensate_for, max_attempts
+FROM task WHERE workflow_id = $1 ORDER BY position";
+
+// ---------------------------------------------------------------------------
+// Runs and task runs
+
+/// start_run: the run, one task run per forward task (ready without
+/// dependencies, else pending) and one outbox row per ready task run, in
+/// one statement. `$1` offset, `$2` run id, `$3` workflow
+/// id, `$4` input.
+pub const START_RUN: &str = concat!(
+    "WITH run AS (
+    INSERT INTO workflow_run (id, workflow_id, state, input, created_at)
+    SELECT $2, w.id, 'pending', $4, ",
+    now!(),
+    " FROM workflow AS w WHERE w.id = $3
+    RETURNING id, workflow_id, created_at
+), created AS (
+    INSERT INTO task_run (run_id, task_key, state, pending_deps, created_at)
+    SELECT run.id, t.key,
+           CASE WHEN jsonb_array_length(t.depends_on) = 0 THEN 'ready' ELSE 'pending' END,
+           jsonb_array_length(t.depends_on), run.created_at
+    FROM run JOIN task AS t ON t.workflow_id = run.workflow_id
+    WHERE t.compensate_for IS NULL
+    ORDER BY t.position
+    RETURNING id, run_id, task_key, state, fencing_token
+), dispatched AS (
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    SELECT c.id, c.run_id, c.task_key, t.task_type, c.fencing_token, ",
+    now!(),
+    "
+    FROM created AS c JOIN task AS t ON t.workflow_id = $3 AND t.key = c.task_key
+    WHERE c.state = 'ready'
+    ORDER BY c.id
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM run) > 0 AS created, ",
+    any_row!("dispatched"),
+    " AS woke_publisher, ",
+    any_row!("run"),
+    " AS woke_scheduler"
+);
+
+/// claim_task_run: ready → running at the dispatch's token, refusing a
+/// forward task of a cancel-requested run; bumps the token, sets the lease and
+/// `started_at = COALESCE(started_at, now)`, flags the first start of a
+/// task in a still-pending run; the event in the same statement. `$1`
+/// offset, `$2` id, `$3` token, `$4` worker, `$5` lease.
+pub const CLAIM: &str = concat!(
+    "WITH claimed AS (
+    UPDATE task_run AS tr
+    SET state = 'running',
+        fencing_token = tr.fencing_token + 1,
+        lease_owner = $4,
+        lease_expires_at = ",
+    now!(),
+    " + $5::interval,
+        started_at = COALESCE(tr.started_at, ",
+    now!(),
+    "),
+        needs_pass = tr.needs_pass OR (wr.state = 'pending' AND tr.started_at IS NULL)
+    FROM workflow_run AS wr
+    WHERE tr.id = $2 AND tr.state = 'ready' AND tr.fencing_token = $3
+      AND wr.id = tr.run_id
+      -- A cancel request stops forward tasks; a rollback goes on (decision 5).
+      AND (wr.cancel_requested_at IS NULL OR tr.compensate_for IS NOT NULL)
+    RETURNING tr.id, tr.run_id, wr.workflow_id, tr.task_key, tr.compensate_for, tr.attempt, tr.fencing_token,
+              tr.lease_expires_at, wr.state = 'pending' AS run_pending
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, 'claim', 'ready', 'running', attempt, fencing_token, $4, ",
+    now!(),
+    ", NULL FROM claimed
+)
+SELECT c.id, c.run_id, c.workflow_id, c.task_key, c.compensate_for, c.attempt, c.fencing_token, c.lease_expires_at,
+       c.run_pending AS woke_scheduler
+FROM claimed AS c"
+);
+
+/// renew_lease: extends the lease while the token holds it, reporting a
+/// cancel request to forward tasks (a compensator finishes its step). `$1` offset, `$2` id, `$3` token, `$4` lease.
+pub const RENEW_LEASE: &str = concat!(
+    "UPDATE task_run AS tr SET lease_expires_at = ",
+    now!(),
+    " + $4::interval
+FROM workflow_run AS wr
+WHERE tr.id = $2 AND tr.state = 'running' AND tr.fencing_token = $3 AND wr.id = tr.run_id
+RETURNING wr.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL AS cancel_requested"
+);
+
+/// finish_task_run: a lease-spending edge (`succeed`, `fail`,
+/// `cancel_running`) at the presented token, clearing the lease and
+/// flagging the row; when the token no longer matches, the
+/// `stale_write_rejected` audit event instead — both in one statement.
+/// `$1` offset, `$2` id, `$3` token, `$4` worker, `$5`
+/// target state, `$6` transition, `$7` output, `$8` error, `$9` cancel
+/// reason.
+pub const FINISH: &str = concat!(
+    "WITH done AS (
+    UPDATE task_run
+    SET state = $5, lease_owner = NULL, lease_expires_at = NULL, finished_at = ",
+    now!(),
+    ",
+        result = $7, error = $8, cancel_reason = $9, needs_pass = true
+    WHERE id = $2 AND state = 'running' AND fencing_token = $3
+    RETURNING id, run_id, task_key, attempt, fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, $6, 'running', $5, attempt, fencing_token, $4, ",
+    now!(),
+    ", $8 FROM done
+), stale AS (
+    ",
+    event_insert!(),
+    "SELECT tr.id, tr.run_id, tr.task_key, 'stale_write_rejected', NULL, NULL, tr.attempt, $3, $4, ",
+    now!(),
+    ",
+           'rejected ' || $6 || ' with fencing token ' || $3::text || ': the row is ' || tr.state
+           || ' at token ' || tr.fencing_token::text
+    FROM task_run AS tr
+    WHERE tr.id = $2 AND NOT EXISTS (SELECT 1 FROM done)
+)
+SELECT (SELECT count(*) FROM done) > 0 AS recorded, ",
+    any_row!("done"),
+    " AS woke_scheduler"
+);
+
+/// finish_task_run, a failure with attempts left: `schedule_retry` in the
+/// failing transaction — attempt + 1, `retry_at`, and `finished_at` and the
+/// lease cleared in the same statement. `$1` offset, `$2` id, `$3` token,
+/// `$4` retry delay, `$5` worker.
+pub const SCHEDULE_RETRY: &str = concat!(
+    "WITH retried AS (
+    UPDATE task_run
+    SET state = 'retrying', attempt = attempt + 1, retry_at = ",
+    now!(),
+    " + $4::interval,
+        finished_at = NULL, lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = $2 AND state = 'failed' AND fencing_token = $3
+    RETURNING id, run_id, task_key, attempt, fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, 'schedule_retry', 'failed', 'retrying', attempt, fencing_token, $5, ",
+    now!(),
+    ", NULL FROM retried
+)
+SELECT count(*) FROM retried"
+);
+
+/// transition_task_run for `dependencies_satisfied` and `retry_ready`:
+/// → ready, with its outbox row. `$1` offset, `$2` id, `$3`
+/// source state, `$4` transition.
+pub const GENERIC_TO_READY: &str = concat!(
+    "WITH moved AS (
+    UPDATE task_run SET state = 'ready', pending_deps = 0, retry_at = NULL
+    WHERE id = $2 AND state = $3
+    RETURNING id, run_id, task_key, attempt, fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, $4, $3, 'ready', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM moved
+), dispatched AS (
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
+    now!(),
+    "
+    FROM moved AS m
+    JOIN workflow_run AS wr ON wr.id = m.run_id
+    JOIN task AS t ON t.workflow_id = wr.workflow_id AND t.key = m.task_key
+    ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM moved) > 0 AS moved, ",
+    any_row!("dispatched"),
+    " AS woke"
+);
+
+/// transition_task_run for `cancel_pending`, `cancel_ready` and
+/// `cancel_retrying` (reason `user`), flagging the row for the scheduler.
+/// `$1` offset, `$2` id, `$3` source state, `$4` transition.
+pub const GENERIC_CANCEL: &str = concat!(
+    "WITH moved AS (
+    UPDATE task_run
+    SET state = 'cancelled', cancel_reason = 'user', finished_at = ",
+    now!(),
+    ", retry_at = NULL, needs_pass = true
+    WHERE id = $2 AND state = $3
+    RETURNING id, run_id, task_key, attempt, fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, $4, $3, 'cancelled', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM moved
+)
+SELECT (SELECT count(*) FROM moved) > 0 AS moved, ",
+    any_row!("moved"),
+    " AS woke"
+);
+
+/// reap_expired_leases: one conditional UPDATE over the expired leases it
+/// read, each still `running`, still expired and still at the token read —
+/// so a row a worker has just finished is never touched. Bumps the token;
+/// `reap_lease` (attempt + 1, outbox row unless it is a forward task of a
+/// cancel-requested run) when attempts remain, else `reap_lease_final`. The
+/// candidate scan is served by `taskrun_lease_expiry_idx`. `$1` offset, `$2`
+/// limit, `$3` run (NULL: every run).
+pub const REAP: &str = concat!(
+    "WITH candidate AS (
+    SELECT tr.id, tr.fencing_token
+    FROM task_run AS tr
+    WHERE tr.state = 'running' AND tr.lease_expires_at < ",
+    now!(),
+    "
+      AND ($3::uuid IS NULL OR tr.run_id = $3)
+    ORDER BY tr.lease_expires_at
+    LIMIT $2
+), reaped AS (
+    UPDATE task_run AS tr
+    SET state = CASE WHEN tr.attempt < t.max_attempts THEN 'ready' ELSE 'failed' END,
+        fencing_token = tr.fencing_token + 1,
+        attempt = CASE WHEN tr.attempt < t.max_attempts THEN tr.attempt + 1 ELSE tr.attempt END,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        finished_at = CASE WHEN tr.attempt < t.max_attempts THEN NULL ELSE ",
+    now!(),
+    " END,
+        error = CASE WHEN tr.attempt < t.max_attempts THEN tr.error ELSE 'lease expired on the final attempt' END,
+        needs_pass = tr.needs_pass OR tr.attempt >= t.max_attempts
+    FROM candidate AS c, workflow_run AS wr, task AS t
+    WHERE tr.id = c.id AND tr.fencing_token = c.fencing_token
+      AND tr.state = 'running' AND tr.lease_expires_at < ",
+    now!(),
+    "
+      AND wr.id = tr.run_id AND t.workflow_id = wr.workflow_id AND t.key = tr.task_key
+    RETURNING tr.id, tr.run_id, tr.task_key, tr.state, tr.attempt, tr.fencing_token, tr.error, t.task_type,
+              wr.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL AS cancel_requested
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, CASE WHEN state = 'ready' THEN 'reap_lease' ELSE 'reap_lease_final' END,
+           'running', state, attempt, fencing_token, NULL, ",
+    now!(),
+    ", CASE WHEN state = 'ready' THEN NULL ELSE error END
+    FROM reaped ORDER BY id
+), dispatched AS (
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    SELECT id, run_id, task_key, task_type, fencing_token, ",
+    now!(),
+    "
+    FROM reaped WHERE state = 'ready' AND NOT cancel_requested
+    ORDER BY id
+    ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
+    RETURNING id
+)
+SELECT id, run_id, task_key, state, cancel_requested, (SELECT count(*) FROM dispatched) AS dispatched
+FROM reaped ORDER BY id"
+);
+
+/// reap_expired_leases, for forward tasks of a cancel-requested run:
+/// `cancel_ready` on the rows just reaped, in the reaper's transaction, with no dispatch. `$1`
+/// offset, `$2` ids.
+pub const REAP_CANCEL: &str = concat!(
+    "WITH cancelled AS (
+    UPDATE task_run
+    SET state = 'cancelled', cancel_reason = 'user', finished_at = ",
+    now!(),
+    ", needs_pass = true
+    WHERE id = ANY($2) AND state = 'ready'
+    RETURNING id, run_id, task_key, attempt, fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, 'cancel_ready', 'ready', 'cancelled', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM cancelled ORDER BY id
+)
+SELECT id FROM cancelled"
+);
+
+/// Notifies channels, after the write they announce has committed. `$1`
+/// channels, `$2` payload (this store's instance id).
+pub const NOTIFY: &str = "SELECT count(pg_notify(c, $2)::text) FROM unnest($1::text[]) AS c";
+
+/// runs_with_work: runs with a flagged task run (`taskrun_needs_pass_idx`),
+/// a due retry (`taskrun_retry_due_idx`) or an unhandled cancel request
+/// (`workflowrun_needs_pass_idx`); terminal runs excluded by primary key.
+/// `$1` offset, `$2` limit, `$3` run (NULL: every run).
+pub const RUNS_WITH_WORK: &str = concat!(
+    "SELECT wr.id FROM workflow_run AS wr
+WHERE wr.state IN ('pending', 'running') AND wr.id IN (
+    SELECT run_id FROM task_run WHERE needs_pass AND ($3::uuid IS NULL OR run_id = $3)
+    UNION
+    SELECT run_id FROM task_run
+    WHERE state = 'retrying' AND retry_at <= ",
+    now!(),
+    " AND ($3::uuid IS NULL OR run_id = $3)
+    UNION
+    SELECT id FROM workflow_run WHERE needs_pass AND ($3::uuid IS NULL OR id = $3)
+)
+ORDER BY wr.id
+LIMIT $2"
+);
+
+/// next_deadline: seconds until the earliest `retry_at`
+/// (`taskrun_retry_due_idx`) or `lease_expires_at`
+/// (`taskrun_lease_expiry_idx`). `$1` offset, `$2` run (NULL: every run).
+pub const NEXT_DEADLINE: &str = concat!(
+    "SELECT EXTRACT(EPOCH FROM (LEAST(
+    (SELECT min(retry_at) FROM task_run WHERE state = 'retrying' AND ($2::uuid IS NULL OR run_id = $2)),
+    (SELECT min(lease_expires_at) FROM task_run WHERE state = 'running' AND ($2::uuid IS NULL OR run_id = $2))
+) - ",
+    now!(),
+    "))::float8"
+);
+
+/// request_cancel: records the request once, on a run not yet terminal,
+/// and flags the run. `$1` offset, `$2` run.
+pub const REQUEST_CANCEL: &str = concat!(
+    "WITH requested AS (
+    UPDATE workflow_run SET cancel_requested_at = ",
+    now!(),
+    ", needs_pass = true
+    WHERE id = $2 AND cancel_requested_at IS NULL AND state IN ('pending', 'running')
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM requested) > 0 AS requested, ",
+    any_row!("requested"),
+    " AS woke"
+);
+
+/// request_cancel, when nothing was recorded: why. `$1` run.
+pub const RUN_CANCEL_STATE: &str =
+    "SELECT state, cancel_requested_at IS NOT NULL AS cancel_requested FROM workflow_run WHERE id = $1";
+
+/// task_inputs: the run input and the outputs of the named task runs
+/// (served by `uniq_taskrun_run_key`). `$1` run, `$2` keys.
+pub const TASK_INPUTS: &str = "\
+SELECT wr.input,
+       (SELECT jsonb_object_agg(tr.task_key, tr.result) FROM task_run AS tr
+        WHERE tr.run_id = $1 AND tr.task_key = ANY($2) AND tr.state = 'succeeded') AS outputs
+FROM workflow_run AS wr WHERE wr.id = $1";
+
+/// get_run: the run with its definition's identity. `$1` run.
+pub const GET_RUN: &str = "\
+SELECT wr.id, wr.workflow_id, w.name AS workflow, w.version, wr.state,
+       wr.cancel_requested_at IS NOT NULL AS cancel_requested, wr.created_at, wr.started_at, wr.finished_at,
+       w.fingerprint, wr.input
+FROM workflow_run AS wr JOIN workflow AS w ON w.id = wr.workflow_id
+WHERE wr.id = $1";
+
+/// get_run: the task runs in creation order (`uniq_taskrun_run_key`). `$1` run.
+pub const GET_RUN_TASKS: &str = "\
+SELECT id, task_key, compensate_for, state, attempt, fencing_token, cancel_reason, result, error,
+       started_at, finished_at, retry_at, lease_owner, created_at
+FROM task_run WHERE run_id = $1 ORDER BY id";
+
+/// get_run: the history, task and run events merged, oldest first; at one
+/// instant task events precede the run transition they led to
+/// (`taskrunevent_run_idx`, `workflowrunevent_run_idx`). `$1` run.
+pub const GET_RUN_EVENTS: &str = "\
+SELECT task, transition, from_state, to_state, attempt, token, worker, at, error FROM (
+    SELECT task_key AS task, transition, from_state, to_state, attempt, fencing_token AS token, worker, at,
+           error, 0 AS kind, id
+    FROM task_run_event WHERE run_id = $1
+    UNION ALL
+    SELECT NULL, transition, from_state, to_state, NULL, NULL, NULL, at, NULL, 1, id
+    FROM workflow_run_event WHERE run_id = $1
+) AS e
+ORDER BY at, kind, id";
+
+/// list_runs: the newest runs (`workflowrun_created_idx`). `$1` limit.
+pub const LIST_RUNS: &str = "\
+SELECT wr.id, wr.workflow_id, w.name AS workflow, w.version, wr.state,
+       wr.cancel_requested_at IS NOT NULL AS cancel_requested, wr.created_at, wr.started_at, wr.finished_at
+FROM workflow_run AS wr JOIN workflow AS w ON w.id = wr.workflow_id
+ORDER BY wr.created_at DESC, wr.id DESC
+LIMIT $1";
+
+// ---------------------------------------------------------------------------
+// The scheduler pass
+
+/// begin_pass: locks one non-terminal run, skipping it if another
+/// scheduler holds it. `$1` run.
+pub const BEGIN_PASS: &str = "\
+SELECT id, workflow_id, state, cancel_requested_at IS NOT NULL AS cancel_requested
+FROM workflow_run
+WHERE id = $1 AND state IN ('pending', 'running')
+FOR UPDATE SKIP LOCKED";
+
+/// take_flagged: reads and clears the task-run flags in one statement
+/// (`taskrun_needs_pass_idx`), and clears the run's flag. `$1` run.
+pub const TAKE_FLAGGED: &str = "\
+WITH run_flag AS (
+    UPDATE workflow_run SET needs_pass = false WHERE id = $1 AND needs_pass RETURNING id
+), flagged AS (
+    UPDATE task_run SET needs_pass = false WHERE run_id = $1 AND needs_pass
+    RETURNING id, task_key, state, cancel_reason, compensate_for
+)
+SELECT id, task_key, state, cancel_reason, compensate_for FROM flagged ORDER BY id";
+
+/// satisfy_dependencies: lowers the pending rows' counts in one batched
+/// UPDATE (`uniq_taskrun_run_key`), applying `dependencies_satisfied` in
+/// the same statement to every forward row that reaches zero, with its
+/// event and one outbox row each. `$1` offset, `$2` run,
+/// `$3` workflow, `$4` keys, `$5` amounts.
+pub const LOWER_AND_PROMOTE: &str = concat!(
+    "WITH lowered AS (
+    UPDATE task_run AS tr
+    SET pending_deps = tr.pending_deps - d.n,
+        state = CASE WHEN tr.pending_deps - d.n = 0 AND tr.compensate_for IS NULL THEN 'ready' ELSE tr.state END
+    FROM unnest($4::text[], $5::int4[]) AS d(key, n)
+    WHERE tr.run_id = $2 AND tr.task_key = d.key AND tr.state = 'pending'
+    RETURNING tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.state
+), moved AS (
+    SELECT id, run_id, task_key, attempt, fencing_token FROM lowered WHERE state = 'ready'
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, 'dependencies_satisfied', 'pending', 'ready', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM moved ORDER BY id
+), dispatched AS (
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
+    now!(),
+    "
+    FROM moved AS m JOIN task AS t ON t.workflow_id = $3 AND t.key = m.task_key
+    ORDER BY m.id
+    ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
+    RETURNING id
+)
+SELECT m.task_key, ",
+    any_row!("dispatched"),
+    " AS woke FROM moved AS m ORDER BY m.id"
+);
+
+/// satisfy_dependencies, then: `dependencies_satisfied` on any other
+/// pending forward row at zero (none unless a row was edited by hand), with
+/// one outbox row each (`taskrun_active_idx`). `$1`
+/// offset, `$2` run, `$3` workflow.
+pub const PROMOTE_SATISFIED: &str = concat!(
+    "WITH moved AS (
+    UPDATE task_run SET state = 'ready'
+    WHERE run_id = $2 AND state = 'pending' AND pending_deps = 0 AND compensate_for IS NULL
+    RETURNING id, run_id, task_key, attempt, fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, 'dependencies_satisfied', 'pending', 'ready', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM moved ORDER BY id
+), dispatched AS (
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
+    now!(),
+    "
+    FROM moved AS m JOIN task AS t ON t.workflow_id = $3 AND t.key = m.task_key
+    ORDER BY m.id
+    ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
+    RETURNING id
+)
+SELECT m.task_key, ",
+    any_row!("dispatched"),
+    " AS woke FROM moved AS m ORDER BY m.id"
+);
+
+/// promote_due_retries: `retry_ready` on every due retrying row of the
+/// run, with one outbox row each (`taskrun_retry_due_idx` or
+/// `taskrun_active_idx`, whichever is smaller). `$1` offset, `$2` run, `$3` workflow.
+pub const PROMOTE_RETRIES: &str = concat!(
+    "WITH moved AS (
+    UPDATE task_run SET state = 'ready', retry_at = NULL
+    WHERE run_id = $2 AND state = 'retrying' AND retry_at <= ",
+    now!(),
+    "
+    RETURNING id, run_id, task_key, attempt, fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, 'retry_ready', 'retrying', 'ready', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM moved ORDER BY id
+), dispatched AS (
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
+    now!(),
+    "
+    FROM moved AS m JOIN task AS t ON t.workflow_id = $3 AND t.key = m.task_key
+    ORDER BY m.id
+    ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
+    RETURNING id
+)
+SELECT m.task_key, ",
+    any_row!("dispatched"),
+    " AS woke FROM moved AS m ORDER BY m.id"
+);
+
+/// cancel_pending: the named rows still pending (`uniq_taskrun_run_key`).
+/// `$1` offset, `$2` run, `$3` keys, `$4` reason.
+pub const CANCEL_PENDING: &str = concat!(
+    "WITH moved AS (
+    UPDATE task_run SET state = 'cancelled', cancel_reason = $4, finished_at = ",
+    now!(),
+    "
+    WHERE run_id = $2 AND task_key = ANY($3) AND state = 'pending'
+    RETURNING id, run_id, task_key, attempt, fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, 'cancel_pending', 'pending', 'cancelled', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM moved ORDER BY id
+)
+SELECT task_key FROM moved ORDER BY id"
+);
+
+/// cancel_waiting: every waiting forward row of the run
+/// (`taskrun_active_idx`), each by its own edge; a row that changed since
+/// it was read is skipped. `$1` offset, `$2` run.
+pub const CANCEL_WAITING: &str = concat!(
+    "WITH waiting AS (
+    SELECT id, state AS from_state FROM task_run
+    WHERE run_id = $2 AND state IN ('pending', 'ready', 'retrying') AND compensate_for IS NULL
+), moved AS (
+    UPDATE task_run AS tr
+    SET state = 'cancelled', cancel_reason = 'user', finished_at = ",
+    now!(),
+    ", retry_at = NULL
+    FROM waiting AS w
+    WHERE tr.id = w.id AND tr.state = w.from_state
+    RETURNING tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, w.from_state
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key,
+           CASE from_state WHEN 'pending' THEN 'cancel_pending' WHEN 'ready' THEN 'cancel_ready'
+                           ELSE 'cancel_retrying' END,
+           from_state, 'cancelled', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL
+    FROM moved ORDER BY id
+)
+SELECT task_key FROM moved ORDER BY id"
+);
+
+/// tally: the forward task runs of the run by state and cancel reason
+/// (`uniq_taskrun_run_key`). `$1` run.
+pub const TALLY: &str = "\
+SELECT state, cancel_reason, count(*) AS n, bool_or(started_at IS NOT NULL) AS any_started
+FROM task_run WHERE run_id = $1 AND compensate_for IS NULL
+GROUP BY state, cancel_reason";
+
+/// activity: whether a forward row is still active (`taskrun_active_idx`:
+/// an index probe, not a scan of the run) and whether any row started;
+/// `$2` is true when the run is no longer pending, which already says so
+/// (a run moves to running only once something started), so the scan for
+/// `started_at` runs only in a pending run. `$1` run.
+pub const ACTIVITY: &str = "\
+SELECT EXISTS (SELECT 1 FROM task_run
+               WHERE run_id = $1 AND state IN ('pending', 'ready', 'running', 'retrying')
+                 AND compensate_for IS NULL) AS any_active,
+       $2 OR EXISTS (SELECT 1 FROM task_run WHERE run_id = $1 AND started_at IS NOT NULL) AS any_started";
+
+/// succeeded_keys (`uniq_taskrun_run_key`). `$1` run.
+pub const SUCCEEDED_KEYS: &str =
+    "SELECT task_key FROM task_run WHERE run_id = $1 AND compensate_for IS NULL AND state = 'succeeded'";
+
+/// compensator_states (`uniq_taskrun_run_key`). `$1` run.
+pub const COMPENSATOR_STATES: &str =
+    "SELECT task_key, state FROM task_run WHERE run_id = $1 AND compensate_for IS NOT NULL ORDER BY id";
+
+/// create_compensator: the compensator row, ready, with its outbox row;
+/// nothing when it exists. `$1` offset, `$2` run, `$3`
+/// workflow, `$4` key, `$5` compensated key.
+pub const CREATE_COMPENSATOR: &str = concat!(
+    "WITH known AS (
+    SELECT t.key, t.task_type FROM task AS t
+    WHERE t.workflow_id = $3 AND t.key = $4 AND t.compensate_for = $5
+), created AS (
+    INSERT INTO task_run (run_id, task_key, compensate_for, state, pending_deps, created_at)
+    SELECT $2, k.key, $5, 'ready', 0, ",
+    now!(),
+    " FROM known AS k
+    ON CONFLICT ON CONSTRAINT uniq_taskrun_run_key DO NOTHING
+    RETURNING id, run_id, task_key, fencing_token
+), dispatched AS (
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    SELECT c.id, c.run_id, c.task_key, k.task_type, c.fencing_token, ",
+    now!(),
+    "
+    FROM created AS c, known AS k
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM known) > 0 AS known, (SELECT count(*) FROM created) > 0 AS created, ",
+    any_row!("dispatched"),
+    " AS woke"
+);
+
+/// transition_run: a WorkflowRun edge conditional on the stored state,
+/// with its event; a terminal edge clears the run's leftover flags and
+/// wakes the waiters of settled runs. `$1` offset, `$2` run,
+/// `$3` source, `$4` target, `$5` edge, `$6` whether the target is terminal.
+pub const TRANSITION_RUN: &str = concat!(
+    "WITH moved AS (
+    UPDATE workflow_run
+    SET state = $4,
+        started_at = CASE WHEN $5 = 'start' THEN ",
+    now!(),
+    " ELSE started_at END,
+        finished_at = CASE WHEN $6 THEN ",
+    now!(),
+    " ELSE finished_at END,
+        needs_pass = needs_pass AND NOT $6
+    WHERE id = $2 AND state = $3
+    RETURNING id
+), event AS (
+    INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at)
+    SELECT id, $5, $3, $4, ",
+    now!(),
+    " FROM moved
+), unflagged AS (
+    UPDATE task_run SET needs_pass = false
+    WHERE run_id = $2 AND needs_pass AND $6 AND EXISTS (SELECT 1 FROM moved)
+)
+SELECT (SELECT count(*) FROM moved) > 0 AS moved,
+       (SELECT count(*) FROM moved WHERE $6) > 0 AS woke"
+);
+
+// ---------------------------------------------------------------------------
+// The outbox
+
+/// begin_sweep: up to `$1` unpublished rows, oldest first, locked in a CTE
+/// with `FOR UPDATE SKIP LOCKED` so a concurrent sweeper takes others
+/// (`outbox_unpublished_idx`). `$2` run (NULL: every run).
+pub const SWEEP: &str = "\
+WITH picked AS (
+    SELECT id FROM outbox
+    WHERE published_at IS NULL AND ($2::uuid IS NULL OR run_id = $2)
+    ORDER BY id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+SELECT o.id, o.task_run_id, o.run_id, o.task_key, o.task_type, o.fencing_token
+FROM outbox AS o JOIN picked USING (id)
+ORDER BY o.id";
+
+/// mark_published: within the sweep's transaction. `$1` offset, `$2` ids.
+pub const MARK_PUBLISHED: &str = concat!(
+    "UPDATE outbox SET published_at = ",
+    now!(),
+    " WHERE id = ANY($2) AND published_at IS NULL"
+);
+
+// ---------------------------------------------------------------------------
+// Workers
+
+/// register_worker: insert or refresh (keeping the first `started_at`).
+/// `$1` offset, `$2` id, `$3` host, `$4` pid, `$5` task types, `$6`
+/// concurrency.
+pub const REGISTER_WORKER: &str = concat!(
+    "INSERT INTO worker (id, host, pid, task_types, concurrency, started_at, last_seen_at)
+VALUES ($2, $3, $4, $5, $6, ",
+    now!(),
+    ", ",
+    now!(),
+    ")
+ON CONFLICT (id) DO UPDATE
+SET host = EXCLUDED.host, pid = EXCLUDED.pid, task_types = EXCLUDED.task_types,
+    concurrency = EXCLUDED.concurrency, last_seen_at = EXCLUDED.last_seen_at, stopped_at = NULL"
+);
+
+/// touch_worker. `$1` offset, `$2` id.
+pub const TOUCH_WORKER: &str = concat!("UPDATE worker SET last_seen_at = ", now!(), " WHERE id = $2");
+
+/// deregister_worker. `$1` offset, `$2` id.
+pub const DEREGISTER_WORKER: &str = concat!(
+    "UPDATE worker SET stopped_at = ",
+    now!(),
+    ", last_seen_at = ",
+    now!(),
+    " WHERE id = $2"
+);
+
+/// list_workers: most recently seen first.
+pub const LIST_WORKERS: &str = "\
+SELECT id, host, pid, task_types, concurrency, started_at, last_seen_at, stopped_at
+FROM worker ORDER BY last_seen_at DESC, id";
+
+/// live_task_types. `$1` offset, `$2` window.
+pub const LIVE_TASK_TYPES: &str = concat!(
+    "SELECT DISTINCT jsonb_array_elements_text(task_types) AS task_type FROM worker
+WHERE stopped_at IS NULL AND last_seen_at >= ",
+    now!(),
+    " - $2::interval"
+);

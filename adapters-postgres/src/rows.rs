@@ -1,0 +1,194 @@
+//! Rows as the queries return them, and their checked conversion into the
+//! ports' types: a stored value outside its domain is `Corrupt`, named.
+
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use flowforge_domain::{CancelReason, RunState, TaskRunState};
+use flowforge_ports::{
+    EventView, PassTask, RunId, RunSummary, StoreError, TaskRunId, TaskRunView, WorkerId, WorkerInfo, WorkflowId,
+};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::error::corrupt;
+
+/// Parses a stored enum name (state, reason) or reports which column broke.
+pub(crate) fn parse_name<T: FromStr>(value: &str, column: &str) -> Result<T, StoreError> {
+    value
+        .parse()
+        .map_err(|_| corrupt(format!("{column} holds '{value}', which this binary does not know")))
+}
+
+/// Converts a stored non-negative integer to `u32`.
+pub(crate) fn to_u32(value: i32, column: &str) -> Result<u32, StoreError> {
+    u32::try_from(value).map_err(|_| corrupt(format!("{column} holds {value}, which is negative")))
+}
+
+/// Converts a count or id bound for SQL.
+pub(crate) fn to_i32(value: u32, what: &str) -> Result<i32, StoreError> {
+    i32::try_from(value).map_err(|_| StoreError::Other(format!("{what} {value} does not fit the store")))
+}
+
+fn reason(value: Option<String>) -> Result<Option<CancelReason>, StoreError> {
+    value
+        .map(|r| parse_name::<CancelReason>(&r, "task_run.cancel_reason"))
+        .transpose()
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct SummaryRow {
+    pub(crate) id: Uuid,
+    pub(crate) workflow_id: i64,
+    pub(crate) workflow: String,
+    pub(crate) version: i32,
+    pub(crate) state: String,
+    pub(crate) cancel_requested: bool,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) started_at: Option<DateTime<Utc>>,
+    pub(crate) finished_at: Option<DateTime<Utc>>,
+}
+
+impl SummaryRow {
+    pub(crate) fn into_summary(self) -> Result<RunSummary, StoreError> {
+        Ok(RunSummary {
+            id: RunId(self.id),
+            workflow_id: WorkflowId(self.workflow_id),
+            workflow: self.workflow,
+            version: to_u32(self.version, "workflow.version")?,
+            state: parse_name::<RunState>(&self.state, "workflow_run.state")?,
+            cancel_requested: self.cancel_requested,
+            created_at: self.created_at,
+            started_at: self.started_at,
+            finished_at: self.finished_at,
+        })
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct DetailRow {
+    #[sqlx(flatten)]
+    pub(crate) summary: SummaryRow,
+    pub(crate) fingerprint: String,
+    pub(crate) input: Value,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct TaskRunRow {
+    pub(crate) id: i64,
+    pub(crate) task_key: String,
+    pub(crate) compensate_for: Option<String>,
+    pub(crate) state: String,
+    pub(crate) attempt: i32,
+    pub(crate) fencing_token: i64,
+    pub(crate) cancel_reason: Option<String>,
+    pub(crate) result: Option<Value>,
+    pub(crate) error: Option<String>,
+    pub(crate) started_at: Option<DateTime<Utc>>,
+    pub(crate) finished_at: Option<DateTime<Utc>>,
+    pub(crate) retry_at: Option<DateTime<Utc>>,
+    pub(crate) lease_owner: Option<String>,
+    pub(crate) created_at: DateTime<Utc>,
+}
+
+impl TaskRunRow {
+    pub(crate) fn into_view(self) -> Result<TaskRunView, StoreError> {
+        Ok(TaskRunView {
+            id: TaskRunId(self.id),
+            key: self.task_key,
+            compensate_for: self.compensate_for,
+            state: parse_name::<TaskRunState>(&self.state, "task_run.state")?,
+            attempt: to_u32(self.attempt, "task_run.attempt")?,
+            token: self.fencing_token,
+            cancel_reason: reason(self.cancel_reason)?,
+            output: self.result,
+            error: self.error,
+            started_at: self.started_at,
+            finished_at: self.finished_at,
+            retry_at: self.retry_at,
+            lease_owner: self.lease_owner,
+            created_at: self.created_at,
+        })
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct EventRow {
+    pub(crate) task: Option<String>,
+    pub(crate) transition: String,
+    pub(crate) from_state: Option<String>,
+    pub(crate) to_state: Option<String>,
+    pub(crate) attempt: Option<i32>,
+    pub(crate) token: Option<i64>,
+    pub(crate) worker: Option<String>,
+    pub(crate) at: DateTime<Utc>,
+    pub(crate) error: Option<String>,
+}
+
+impl EventRow {
+    pub(crate) fn into_view(self) -> Result<EventView, StoreError> {
+        Ok(EventView {
+            task: self.task,
+            transition: self.transition,
+            from: self.from_state,
+            to: self.to_state,
+            attempt: self.attempt.map(|a| to_u32(a, "task_run_event.attempt")).transpose()?,
+            token: self.token,
+            worker: self.worker,
+            at: self.at,
+            error: self.error,
+        })
+    }
+}
+
+/// A task run as a pass sees it (take_flagged).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct FlaggedRow {
+    pub(crate) id: i64,
+    pub(crate) task_key: String,
+    pub(crate) state: String,
+    pub(crate) cancel_reason: Option<String>,
+    pub(crate) compensate_for: Option<String>,
+}
+
+impl FlaggedRow {
+    pub(crate) fn into_pass_task(self) -> Result<PassTask, StoreError> {
+        Ok(PassTask {
+            id: TaskRunId(self.id),
+            key: self.task_key,
+            state: parse_name::<TaskRunState>(&self.state, "task_run.state")?,
+            cancel_reason: reason(self.cancel_reason)?,
+            compensate_for: self.compensate_for,
+        })
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct WorkerRow {
+    pub(crate) id: String,
+    pub(crate) host: String,
+    pub(crate) pid: i32,
+    pub(crate) task_types: Value,
+    pub(crate) concurrency: i32,
+    pub(crate) started_at: DateTime<Utc>,
+    pub(crate) last_seen_at: DateTime<Utc>,
+    pub(crate) stopped_at: Option<DateTime<Utc>>,
+}
+
+impl WorkerRow {
+    pub(crate) fn into_info(self) -> Result<WorkerInfo, StoreError> {
+        let task_types: Vec<String> = serde_json::from_value(self.task_types)
+            .map_err(|e| corrupt(format!("worker {}: task_types is not a list of names: {e}", self.id)))?;
+        Ok(WorkerInfo {
+            pid: u32::try_from(self.pid)
+                .map_err(|_| corrupt(format!("worker {}: pid {} is negative", self.id, self.pid)))?,
+            concurrency: to_u32(self.concurrency, "worker.concurrency")?,
+            id: WorkerId(self.id),
+            host: self.host,
+            task_types,
+            started_at: self.started_at,
+            last_seen_at: self.last_seen_at,
+            stopped_at: self.stopped_at,
+        })
+    }
+}

@@ -1,0 +1,460 @@
+//! Runs and task runs: the transition protocol of spec 000 with DESIGN §3's
+//! decisions — one conditional UPDATE per transition, its event in the
+//! same statement, fencing on every lease-spending write, store time only.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use flowforge_domain::{RunState, TaskRunState, TaskTransition, run_machine};
+use flowforge_ports::store::resolve_generic_transition;
+use flowforge_ports::{
+    CancelOutcome, Claim, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore, RunSummary, Scope, StoreError,
+    TaskInputs, TaskOutcome, TaskRunId, Topic, TransitionError, WorkerId, WorkflowId,
+};
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+use crate::error::{corrupt, store_error};
+use crate::notify::PgNotifier;
+use crate::pass::PgRunPass;
+use crate::queries;
+use crate::rows::{DetailRow, EventRow, SummaryRow, TaskRunRow, parse_name, to_u32};
+use crate::store::{PgStore, interval};
+
+#[derive(Debug, sqlx::FromRow)]
+struct ClaimRow {
+    id: i64,
+    run_id: Uuid,
+    workflow_id: i64,
+    task_key: String,
+    compensate_for: Option<String>,
+    attempt: i32,
+    fencing_token: i64,
+    lease_expires_at: Option<DateTime<Utc>>,
+    woke_scheduler: bool,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct ReapRow {
+    id: i64,
+    run_id: Uuid,
+    task_key: String,
+    state: String,
+    cancel_requested: bool,
+    dispatched: i64,
+}
+
+fn scope_run(scope: Scope) -> Option<Uuid> {
+    match scope {
+        Scope::All => None,
+        Scope::Run(run) => Some(run.0),
+    }
+}
+
+fn limit(n: u32) -> i64 {
+    i64::from(n)
+}
+
+impl PgStore {
+    /// Announces the wake-ups a committed write owes: this process's
+    /// waiters at once, other processes' by NOTIFY.
+    pub(crate) async fn announce(&self, owed: &[(Topic, bool)]) {
+        let topics: Vec<Topic> = owed.iter().filter(|(_, due)| *due).map(|(t, _)| *t).collect();
+        if !topics.is_empty() {
+            self.inner.hub.publish(&self.inner.pool, &topics).await;
+        }
+    }
+
+    async fn finish(
+        &self,
+        id: TaskRunId,
+        token: i64,
+        worker: &WorkerId,
+        outcome: TaskOutcome,
+    ) -> Result<FinishResult, StoreError> {
+        let (state, transition, output, error, reason, retry_in) = match outcome {
+            TaskOutcome::Succeeded { output } => (
+                TaskRunState::Succeeded,
+                TaskTransition::Succeed,
+                Some(output),
+                None,
+                None,
+                None,
+            ),
+            TaskOutcome::Failed { error, retry_in } => (
+                TaskRunState::Failed,
+                TaskTransition::Fail,
+                None,
+                Some(error),
+                None,
+                retry_in,
+            ),
+            TaskOutcome::Cancelled => (
+                TaskRunState::Cancelled,
+                TaskTransition::CancelRunning,
+                None,
+                None,
+                Some("user"),
+                None,
+            ),
+        };
+        let finish = sqlx::query_as::<_, (bool, bool)>(queries::FINISH)
+            .bind(self.offset())
+            .bind(id.0)
+            .bind(token)
+            .bind(&worker.0)
+            .bind(state.as_str())
+            .bind(transition.as_str())
+            .bind(output)
+            .bind(error)
+            .bind(reason);
+        let Some(retry_in) = retry_in else {
+            // One statement, one implicit transaction: the hot path.
+            let (recorded, woke) = finish.fetch_one(&self.inner.pool).await.map_err(store_error)?;
+            self.announce(&[(Topic::Scheduler, woke)]).await;
+            return Ok(if recorded {
+                FinishResult::Recorded(state)
+            } else {
+                FinishResult::Stale
+            });
+        };
+        // fail and schedule_retry in one transaction (decision 1): the row
+        // never rests in `failed` when another attempt is allowed.
+        let retry_in = interval(retry_in)?;
+        let mut tx = self.inner.pool.begin().await.map_err(store_error)?;
+        let (recorded, woke) = finish.fetch_one(&mut *tx).await.map_err(store_error)?;
+        if !recorded {
+            tx.commit().await.map_err(store_error)?;
+            return Ok(FinishResult::Stale);
+        }
+        let retried: i64 = sqlx::query_scalar(queries::SCHEDULE_RETRY)
+            .bind(self.offset())
+            .bind(id.0)
+            .bind(token)
+            .bind(retry_in)
+            .bind(&worker.0)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        if retried != 1 {
+            // The row is locked by this transaction since the fail: this
+            // cannot happen unless the schema's rules changed under us.
+            return Err(corrupt(format!(
+                "task run {id}: schedule_retry did not apply right after fail"
+            )));
+        }
+        tx.commit().await.map_err(store_error)?;
+        self.announce(&[(Topic::Scheduler, woke)]).await;
+        Ok(FinishResult::Recorded(TaskRunState::Retrying))
+    }
+
+    async fn generic(&self, id: TaskRunId, from: TaskRunState, edge: TaskTransition) -> Result<bool, StoreError> {
+        let (sql, topic) = match edge {
+            TaskTransition::DependenciesSatisfied | TaskTransition::RetryReady => {
+                (queries::GENERIC_TO_READY, Topic::Publisher)
+            }
+            TaskTransition::CancelPending | TaskTransition::CancelReady | TaskTransition::CancelRetrying => {
+                (queries::GENERIC_CANCEL, Topic::Scheduler)
+            }
+            // resolve_generic_transition refuses every other edge first.
+            other => {
+                return Err(StoreError::Other(format!(
+                    "transition '{other}' has no generic implementation"
+                )));
+            }
+        };
+        let (moved, woke): (bool, bool) = sqlx::query_as(sql)
+            .bind(self.offset())
+            .bind(id.0)
+            .bind(from.as_str())
+            .bind(edge.as_str())
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        self.announce(&[(topic, woke)]).await;
+        Ok(moved)
+    }
+}
+
+impl RunStore for PgStore {
+    type Pass = PgRunPass;
+    type Notifier = PgNotifier;
+
+    async fn start_run(&self, workflow: WorkflowId, input: Value) -> Result<RunId, StoreError> {
+        let id = Uuid::now_v7();
+        let (created, woke_publisher, woke_scheduler): (bool, bool, bool) = sqlx::query_as(queries::START_RUN)
+            .bind(self.offset())
+            .bind(id)
+            .bind(workflow.0)
+            .bind(&input)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        if !created {
+            return Err(StoreError::Other(format!(
+                "workflow definition {workflow} does not exist"
+            )));
+        }
+        self.announce(&[(Topic::Publisher, woke_publisher), (Topic::Scheduler, woke_scheduler)])
+            .await;
+        Ok(RunId(id))
+    }
+
+    async fn request_cancel(&self, run: RunId) -> Result<Option<CancelOutcome>, StoreError> {
+        let (requested, woke): (bool, bool) = sqlx::query_as(queries::REQUEST_CANCEL)
+            .bind(self.offset())
+            .bind(run.0)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        self.announce(&[(Topic::Scheduler, woke)]).await;
+        if requested {
+            return Ok(Some(CancelOutcome::Requested));
+        }
+        let row: Option<(String, bool)> = sqlx::query_as(queries::RUN_CANCEL_STATE)
+            .bind(run.0)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        let Some((state, _)) = row else {
+            return Ok(None);
+        };
+        let state: RunState = parse_name(&state, "workflow_run.state")?;
+        Ok(Some(if run_machine().is_terminal(state) {
+            CancelOutcome::AlreadyFinished(state)
+        } else {
+            CancelOutcome::AlreadyRequested
+        }))
+    }
+
+    async fn claim_task_run(
+        &self,
+        id: TaskRunId,
+        token: i64,
+        worker: &WorkerId,
+        lease: Duration,
+    ) -> Result<Option<Claim>, StoreError> {
+        let row: Option<ClaimRow> = sqlx::query_as(queries::CLAIM)
+            .bind(self.offset())
+            .bind(id.0)
+            .bind(token)
+            .bind(&worker.0)
+            .bind(interval(lease)?)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        self.announce(&[(Topic::Scheduler, row.woke_scheduler)]).await;
+        Ok(Some(Claim {
+            task_run_id: TaskRunId(row.id),
+            run_id: RunId(row.run_id),
+            workflow_id: WorkflowId(row.workflow_id),
+            task_key: row.task_key,
+            compensate_for: row.compensate_for,
+            attempt: to_u32(row.attempt, "task_run.attempt")?,
+            token: row.fencing_token,
+            lease_expires_at: row
+                .lease_expires_at
+                .ok_or_else(|| corrupt(format!("task run {id} is running without a lease")))?,
+        }))
+    }
+
+    async fn task_inputs(&self, run: RunId, keys: &[String]) -> Result<TaskInputs, StoreError> {
+        let row: Option<(Value, Option<Value>)> = sqlx::query_as(queries::TASK_INPUTS)
+            .bind(run.0)
+            .bind(keys)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        let Some((run_input, outputs)) = row else {
+            return Err(StoreError::Other(format!("run {run} does not exist")));
+        };
+        let outputs = match outputs {
+            None => Map::new(),
+            Some(Value::Object(map)) => map,
+            Some(other) => return Err(corrupt(format!("run {run}: outputs aggregate to {other}"))),
+        };
+        Ok(TaskInputs { run_input, outputs })
+    }
+
+    async fn renew_lease(&self, id: TaskRunId, token: i64, lease: Duration) -> Result<LeaseStatus, StoreError> {
+        let cancel_requested: Option<bool> = sqlx::query_scalar(queries::RENEW_LEASE)
+            .bind(self.offset())
+            .bind(id.0)
+            .bind(token)
+            .bind(interval(lease)?)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        Ok(match cancel_requested {
+            Some(cancel_requested) => LeaseStatus::Held { cancel_requested },
+            None => LeaseStatus::Lost,
+        })
+    }
+
+    async fn finish_task_run(
+        &self,
+        id: TaskRunId,
+        token: i64,
+        worker: &WorkerId,
+        outcome: TaskOutcome,
+    ) -> Result<FinishResult, StoreError> {
+        self.finish(id, token, worker, outcome).await
+    }
+
+    async fn transition_task_run(
+        &self,
+        id: TaskRunId,
+        from: TaskRunState,
+        to: TaskRunState,
+    ) -> Result<bool, TransitionError> {
+        // Illegal, lease-requiring and reserved edges are refused here,
+        // before any SQL (spec 000's caller contract).
+        let edge = resolve_generic_transition(from, to)?;
+        Ok(self.generic(id, from, edge).await?)
+    }
+
+    async fn reap_expired_leases(&self, scope: Scope, limit_to: u32) -> Result<Vec<Reaped>, StoreError> {
+        if limit_to == 0 {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.inner.pool.begin().await.map_err(store_error)?;
+        let rows: Vec<ReapRow> = sqlx::query_as(queries::REAP)
+            .bind(self.offset())
+            .bind(limit(limit_to))
+            .bind(scope_run(scope))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        if rows.is_empty() {
+            // Nothing written; ending read-only work is cheap either way.
+            tx.rollback().await.map_err(store_error)?;
+            return Ok(Vec::new());
+        }
+        // A cancel-requested run gets reap_lease then cancel_ready, in this
+        // transaction, and no dispatch (decision 2).
+        let to_cancel: Vec<i64> = rows
+            .iter()
+            .filter(|r| r.cancel_requested && r.state == TaskRunState::Ready.as_str())
+            .map(|r| r.id)
+            .collect();
+        let cancelled: Vec<i64> = if to_cancel.is_empty() {
+            Vec::new()
+        } else {
+            sqlx::query_scalar(queries::REAP_CANCEL)
+                .bind(self.offset())
+                .bind(&to_cancel)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(store_error)?
+        };
+        let dispatched = rows.first().is_some_and(|r| r.dispatched > 0);
+        let failed_for_good = rows.iter().any(|r| r.state != TaskRunState::Ready.as_str());
+        tx.commit().await.map_err(store_error)?;
+        self.announce(&[
+            (Topic::Publisher, dispatched),
+            (Topic::Scheduler, failed_for_good || !cancelled.is_empty()),
+        ])
+        .await;
+        rows.into_iter()
+            .map(|r| {
+                let state: TaskRunState = parse_name(&r.state, "task_run.state")?;
+                Ok(Reaped {
+                    task_run_id: TaskRunId(r.id),
+                    run_id: RunId(r.run_id),
+                    task_key: r.task_key,
+                    transition: if state == TaskRunState::Ready {
+                        TaskTransition::ReapLease
+                    } else {
+                        TaskTransition::ReapLeaseFinal
+                    },
+                    cancelled: cancelled.contains(&r.id),
+                })
+            })
+            .collect()
+    }
+
+    async fn runs_with_work(&self, scope: Scope, limit_to: u32) -> Result<Vec<RunId>, StoreError> {
+        let ids: Vec<Uuid> = sqlx::query_scalar(queries::RUNS_WITH_WORK)
+            .bind(self.offset())
+            .bind(limit(limit_to))
+            .bind(scope_run(scope))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        Ok(ids.into_iter().map(RunId).collect())
+    }
+
+    async fn next_deadline(&self, scope: Scope) -> Result<Option<Duration>, StoreError> {
+        let seconds: Option<f64> = sqlx::query_scalar(queries::NEXT_DEADLINE)
+            .bind(self.offset())
+            .bind(scope_run(scope))
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        Ok(seconds.map(|s| {
+            if s.is_finite() && s > 0.0 {
+                Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
+            } else {
+                Duration::ZERO
+            }
+        }))
+    }
+
+    async fn begin_pass(&self, run: RunId) -> Result<Option<PgRunPass>, StoreError> {
+        PgRunPass::begin(self.clone(), run).await
+    }
+
+    async fn get_run(&self, run: RunId) -> Result<Option<RunDetail>, StoreError> {
+        // One snapshot for the run, its task runs and its history, so a
+        // report never mixes two moments.
+        let mut tx = self
+            .inner
+            .pool
+            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await
+            .map_err(store_error)?;
+        let Some(detail) = sqlx::query_as::<_, DetailRow>(queries::GET_RUN)
+            .bind(run.0)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(store_error)?
+        else {
+            return Ok(None);
+        };
+        let tasks: Vec<TaskRunRow> = sqlx::query_as(queries::GET_RUN_TASKS)
+            .bind(run.0)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        let events: Vec<EventRow> = sqlx::query_as(queries::GET_RUN_EVENTS)
+            .bind(run.0)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        tx.commit().await.map_err(store_error)?;
+        Ok(Some(RunDetail {
+            summary: detail.summary.into_summary()?,
+            fingerprint: detail.fingerprint,
+            input: detail.input,
+            tasks: tasks.into_iter().map(TaskRunRow::into_view).collect::<Result<_, _>>()?,
+            events: events.into_iter().map(EventRow::into_view).collect::<Result<_, _>>()?,
+        }))
+    }
+
+    async fn list_runs(&self, limit_to: u32) -> Result<Vec<RunSummary>, StoreError> {
+        let rows: Vec<SummaryRow> = sqlx::query_as(queries::LIST_RUNS)
+            .bind(limit(limit_to))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        rows.into_iter().map(SummaryRow::into_summary).collect()
+    }
+
+    async fn notifier(&self) -> Result<PgNotifier, StoreError> {
+        self.inner.hub.ensure_listening().await?;
+        Ok(PgNotifier::new(std::sync::Arc::clone(&self.inner.hub)))
+    }
+}

@@ -1,0 +1,123 @@
+//! The hot queries use their partial indexes, so a scheduler pass costs in
+//! proportion to active work, never to history: planned over a database
+//! holding a large finished history and a little active work.
+
+use chrono::TimeDelta;
+use flowforge_adapters_postgres::queries;
+use flowforge_ports::{DefinitionStore, RunStore};
+use serde_json::json;
+use sqlx::{PgPool, Row};
+
+use crate::harness::def;
+
+/// The plan of a store query, with its parameters bound as the store binds them.
+async fn plan<'q>(
+    pool: &PgPool,
+    sql: &str,
+    bind: impl FnOnce(
+        sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> String {
+    let query = bind(sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}"))));
+    let rows = query.fetch_all(pool).await.unwrap();
+    rows.iter()
+        .map(|r| r.get::<String, _>(0))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Asserts the plan uses one index of each group (either partial index
+/// over waiting rows serves the retry lookups) and scans no big table.
+fn assert_uses(what: &str, plan: &str, groups: &[&[&str]]) {
+    for group in groups {
+        assert!(
+            group.iter().any(|index| plan.contains(index)),
+            "{what} uses none of {group:?}:\n{plan}"
+        );
+    }
+    for table in ["task_run", "workflow_run", "outbox"] {
+        assert!(
+            !plan.contains(&format!("Seq Scan on {table} ")),
+            "{what} scans {table}:\n{plan}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
+    let db = test_db!();
+    let (store, _) = db.store().await;
+    let wf = store
+        .publish_definition(&def(
+            json!({"name": "w", "version": 1, "tasks": [{"key": "a", "task_type": "noop"}]}),
+        ))
+        .await
+        .unwrap()
+        .id;
+    let live = store.start_run(wf, json!({})).await.unwrap();
+    let pool = db.raw().await;
+    // 60 000 finished task runs and published dispatches of 600 old runs.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO workflow_run (id, workflow_id, state, input, created_at, started_at, finished_at)
+         SELECT md5(g::text)::uuid, {wf}, 'succeeded', '{{}}', now(), now(), now() FROM generate_series(1, 600) g;
+         INSERT INTO task_run (run_id, task_key, state, pending_deps, created_at, started_at, finished_at, result)
+         SELECT md5((g % 600 + 1)::text)::uuid, 'h' || g, 'succeeded', 0, now(), now(), now(), '{{}}'
+         FROM generate_series(1, 60000) g;
+         INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, published_at)
+         SELECT id, run_id, task_key, 'noop', 0, now(), now() FROM task_run WHERE task_key LIKE 'h%';
+         ANALYZE;",
+        wf = wf.0
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let zero = TimeDelta::zero();
+    let none: Option<uuid::Uuid> = None;
+
+    let p = plan(&pool, queries::RUNS_WITH_WORK, |q| {
+        q.bind(zero).bind(100_i64).bind(none)
+    })
+    .await;
+    assert_uses(
+        "runs_with_work",
+        &p,
+        &[
+            &["taskrun_needs_pass_idx"],
+            &["taskrun_retry_due_idx", "taskrun_active_idx"],
+            &["workflowrun_needs_pass_idx"],
+            &["workflowrun_active_idx", "workflow_run_pkey"],
+        ],
+    );
+
+    let p = plan(&pool, queries::REAP, |q| q.bind(zero).bind(100_i64).bind(none)).await;
+    assert_uses("reap candidates", &p, &[&["taskrun_lease_expiry_idx"]]);
+
+    let p = plan(&pool, queries::NEXT_DEADLINE, |q| q.bind(zero).bind(none)).await;
+    assert_uses(
+        "next_deadline",
+        &p,
+        &[
+            &["taskrun_retry_due_idx", "taskrun_active_idx"],
+            &["taskrun_lease_expiry_idx"],
+        ],
+    );
+
+    let p = plan(&pool, queries::SWEEP, |q| q.bind(100_i64).bind(none)).await;
+    assert_uses("outbox sweep", &p, &[&["outbox_unpublished_idx"]]);
+
+    let p = plan(&pool, queries::TAKE_FLAGGED, |q| q.bind(live.0)).await;
+    assert_uses("take_flagged", &p, &[&["taskrun_needs_pass_idx"]]);
+
+    let p = plan(&pool, queries::ACTIVITY, |q| q.bind(live.0).bind(true)).await;
+    assert_uses("activity", &p, &[&["taskrun_active_idx"]]);
+
+    let p = plan(&pool, queries::PROMOTE_RETRIES, |q| {
+        q.bind(zero).bind(live.0).bind(wf.0)
+    })
+    .await;
+    assert_uses(
+        "promote_due_retries",
+        &p,
+        &[&["taskrun_retry_due_idx", "taskrun_active_idx"]],
+    );
+}

@@ -1,0 +1,138 @@
+//! Wake-ups over LISTEN/NOTIFY: another process's commit wakes this one's
+//! loops, a wake sent while nobody waits is kept, every RunSettled waiter
+//! wakes, and a lost listening connection wakes every topic and listens
+//! again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flowforge_adapters_postgres::PgNotifier;
+use flowforge_domain::RunTransition;
+use flowforge_ports::{DefinitionStore, Notifier, RunPass, RunStore, TaskOutcome, Topic, WorkerId};
+use serde_json::json;
+
+use crate::harness::{LONG_LEASE, def, ready};
+
+async fn woken(n: &PgNotifier, topic: Topic, within: Duration) -> bool {
+    tokio::time::timeout(within, n.notified(topic)).await.is_ok()
+}
+
+const SOON: Duration = Duration::from_secs(5);
+const QUIET: Duration = Duration::from_millis(200);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_stores_commits_wake_this_stores_loops() {
+    let db = test_db!();
+    let (listener, _) = db.store().await;
+    let (writer, _) = db.store().await;
+    let n = listener.notifier().await.unwrap();
+    assert!(!woken(&n, Topic::Publisher, QUIET).await, "nothing happened yet");
+
+    let wf = writer
+        .publish_definition(&def(
+            json!({"name": "w", "version": 1, "tasks": [{"key": "a", "task_type": "noop"}]}),
+        ))
+        .await
+        .unwrap()
+        .id;
+    let run = writer.start_run(wf, json!({})).await.unwrap();
+    // Sent while nobody waited: kept for the next wait.
+    assert!(woken(&n, Topic::Publisher, SOON).await);
+    assert!(woken(&n, Topic::Scheduler, SOON).await);
+
+    let (id, token) = ready(&writer, run, "a").await;
+    let me = WorkerId("w".into());
+    let claim = writer
+        .claim_task_run(id, token, &me, LONG_LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(woken(&n, Topic::Scheduler, SOON).await, "first claim in a pending run");
+    writer
+        .finish_task_run(id, claim.token, &me, TaskOutcome::Succeeded { output: json!({}) })
+        .await
+        .unwrap();
+    assert!(woken(&n, Topic::Scheduler, SOON).await, "a finish");
+    assert!(!woken(&n, Topic::RunSettled, QUIET).await);
+
+    // Every waiter of a settled run wakes, not just one.
+    let n = Arc::new(n);
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let n = Arc::clone(&n);
+            tokio::spawn(async move { woken(&n, Topic::RunSettled, SOON).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut pass = writer.begin_pass(run).await.unwrap().unwrap();
+    pass.transition_run(RunTransition::Start).await.unwrap();
+    pass.transition_run(RunTransition::Succeed).await.unwrap();
+    // Nothing is delivered before commit.
+    assert!(!woken(&n, Topic::RunSettled, QUIET).await);
+    pass.commit().await.unwrap();
+    for w in waiters {
+        assert!(w.await.unwrap(), "a RunSettled waiter was not woken");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stores_own_commits_wake_its_waiters_directly() {
+    let db = test_db!();
+    let (store, _) = db.store().await;
+    let n = store.notifier().await.unwrap();
+    let wf = store
+        .publish_definition(&def(
+            json!({"name": "w", "version": 1, "tasks": [{"key": "a", "task_type": "noop"}]}),
+        ))
+        .await
+        .unwrap()
+        .id;
+    store.start_run(wf, json!({})).await.unwrap();
+    assert!(woken(&n, Topic::Publisher, SOON).await);
+    // Its own NOTIFY echo is skipped: one commit, one wake.
+    tokio::time::sleep(QUIET).await;
+    assert!(!woken(&n, Topic::Publisher, QUIET).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_listening_connection_wakes_every_topic_and_listens_again() {
+    let db = test_db!();
+    let (listener, _) = db.store().await;
+    let (writer, _) = db.store().await;
+    let n = listener.notifier().await.unwrap();
+    let raw = db.raw().await;
+    // Touches only this test's database: its listener's backend.
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = 'flowforge-listener'",
+    )
+    .fetch_all(&raw)
+    .await
+    .unwrap();
+    assert_eq!(killed, [true]);
+    for topic in [Topic::Scheduler, Topic::Publisher, Topic::RunSettled] {
+        assert!(
+            woken(&n, topic, SOON).await,
+            "{topic:?} was not woken after the connection loss"
+        );
+    }
+    // Listening again: another store's notification arrives.
+    let wf = writer
+        .publish_definition(&def(
+            json!({"name": "w", "version": 1, "tasks": [{"key": "a", "task_type": "noop"}]}),
+        ))
+        .await
+        .unwrap()
+        .id;
+    let mut heard = false;
+    for _ in 0..50 {
+        // Drain any wake-all from the reconnect, then provoke a fresh one.
+        while woken(&n, Topic::Publisher, Duration::from_millis(10)).await {}
+        writer.start_run(wf, json!({})).await.unwrap();
+        if woken(&n, Topic::Publisher, Duration::from_millis(500)).await {
+            heard = true;
+            break;
+        }
+    }
+    assert!(heard, "the listener never came back");
+}
