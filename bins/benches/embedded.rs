@@ -188,6 +188,38 @@ async fn bench_memory() -> Value {
            "growth_pct": (at_10000 as f64 / at_1000 as f64 - 1.0) * 100.0})
 }
 
+/// Claim + finish cycles on independent ready tasks, one after another:
+/// the store's own cost per task, without the loops around it.
+async fn bench_cycles() -> Value {
+    use flowforge_ports::store::{DefinitionStore, RunStore, TaskOutcome};
+    let dir = tempfile::tempdir().expect("tmp");
+    let engine = engine(&dir, None).await;
+    let store = engine.store().clone();
+    let tasks: Vec<Value> = (0..2_000)
+        .map(|i| json!({"key": format!("t{i:05}"), "task_type": "noop"}))
+        .collect();
+    let def = definition("cycles", tasks);
+    let published = store.publish_definition(&def).await.expect("publish");
+    let run = store.start_run(published.id, json!({})).await.expect("start");
+    let detail = store.get_run(run).await.expect("get").expect("run");
+    let worker = flowforge_ports::WorkerId("bench".into());
+    let start = Instant::now();
+    for t in &detail.tasks {
+        let claim = store
+            .claim_task_run(t.id, t.token, &worker, Duration::from_secs(300))
+            .await
+            .expect("claim")
+            .expect("ready");
+        store
+            .finish_task_run(t.id, claim.token, &worker, TaskOutcome::Succeeded { output: json!({}) })
+            .await
+            .expect("finish");
+    }
+    let wall = start.elapsed();
+    json!({"scenario": "cycles", "cycles": detail.tasks.len(), "wall_s": wall.as_secs_f64(),
+           "us_per_cycle": wall.as_secs_f64() * 1e6 / detail.tasks.len() as f64})
+}
+
 #[tokio::main]
 async fn main() {
     let mut wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
@@ -203,6 +235,7 @@ async fn main() {
             "chain40" => bench_chain(40, "chain40").await,
             "concurrent" => bench_concurrent().await,
             "memory" => bench_memory().await,
+            "cycles" => bench_cycles().await,
             other => {
                 eprintln!("unknown scenario {other}");
                 std::process::exit(2);

@@ -16,11 +16,14 @@
 //!   bite: adds `tokio` to `domain`, asserts check-deps and the
 //!   domain-rooted cargo deny both fail, restores the manifest. Not part of
 //!   `ci` (it edits the tree); run it after touching the guards.
+//! * `cargo xtask bench` ([`bench`]) — the benchmark suites, written down
+//!   beside their targets in `BENCHMARKS.md`.
 
 // Printing is what a task runner is for: the workspace-wide print lints do
 // not apply to this crate.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod bench;
 mod check_deps;
 mod ci;
 mod deny_selftest;
@@ -40,6 +43,8 @@ commands:
   check-deps      crate layering, dependency allow-lists, domain source scan
   tidy            house rules: //! docs, no #[ignore], workspace manifests
   deny-selftest   prove check-deps and cargo deny reject tokio in domain
+  bench [SUITE…]  run the benchmarks (embedded, postgres, distributed) and
+                  write their figures beside the targets in BENCHMARKS.md
   help            this text";
 
 fn main() -> ExitCode {
@@ -53,6 +58,7 @@ fn main() -> ExitCode {
         "check-deps" => check_deps::run(rest),
         "tidy" => tidy::run(rest),
         "deny-selftest" => deny_selftest::run(rest),
+        "bench" => bench::run(rest),
         "help" | "-h" | "--help" => {
             println!("{HELP}");
             Ok(())

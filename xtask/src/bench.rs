@@ -1,0 +1,280 @@
+//! `cargo xtask bench [embedded] [postgres] [distributed]`: runs the
+//! benchmark suites (release builds of `bins/benches/<suite>.rs`, each
+//! printing one JSON object per scenario), then writes their figures beside
+//! the targets, with the machine they ran on, into `BENCHMARKS.md`.
+//!
+//! Suites not run this time keep their previous section, so one suite can
+//! be re-measured without losing the others. Speed targets live here, in
+//! benchmarks, never in tests.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::{cargo, project_root};
+
+/// The suites, in the order they are written down.
+const SUITES: [&str; 3] = ["embedded", "postgres", "distributed"];
+
+/// A target: scenario, metric, comparison, threshold, what the issue says.
+struct Target {
+    scenario: &'static str,
+    metric: &'static str,
+    at_least: bool,
+    threshold: f64,
+    what: &'static str,
+}
+
+const fn at_least(scenario: &'static str, metric: &'static str, threshold: f64, what: &'static str) -> Target {
+    Target {
+        scenario,
+        metric,
+        at_least: true,
+        threshold,
+        what,
+    }
+}
+
+const fn at_most(scenario: &'static str, metric: &'static str, threshold: f64, what: &'static str) -> Target {
+    Target {
+        scenario,
+        metric,
+        at_least: false,
+        threshold,
+        what,
+    }
+}
+
+const TARGETS: &[Target] = &[
+    at_least(
+        "fanout",
+        "tasks_per_s",
+        5_000.0,
+        "embedded 9 998-wide fan-out/fan-in: ≥ 5 000 tasks/s",
+    ),
+    at_most("chain", "hop_ms_p50", 1.0, "embedded 1 000-deep chain: p50 hop ≤ 1 ms"),
+    at_most("chain40", "wall_s", 0.1, "embedded 40-task chain: ≤ 0.1 s"),
+    at_most(
+        "memory",
+        "growth_pct",
+        10.0,
+        "embedded 10 000 runs: peak RSS within 10 % of the peak after 1 000",
+    ),
+    at_least(
+        "claim_finish_1",
+        "ratio_pct",
+        50.0,
+        "PostgreSQL claim+finish, 1 client: ≥ 50 % of pgbench/2",
+    ),
+    at_least(
+        "claim_finish_4",
+        "ratio_pct",
+        50.0,
+        "PostgreSQL claim+finish, 4 clients: ≥ 50 % of pgbench/2",
+    ),
+    at_least(
+        "claim_finish_16",
+        "ratio_pct",
+        50.0,
+        "PostgreSQL claim+finish, 16 clients: ≥ 50 % of pgbench/2",
+    ),
+    at_most(
+        "pass_history",
+        "ratio",
+        1.2,
+        "PostgreSQL pass over 1 000 runs with 1 M history: ≤ 1.2× without",
+    ),
+    at_least(
+        "dist_fanout",
+        "tasks_per_s",
+        1_000.0,
+        "distributed fan-out: ≥ 1 000 tasks/s",
+    ),
+    at_most(
+        "dist_chain",
+        "hop_ms_p50",
+        5.0,
+        "distributed 1 000-deep chain: p50 hop ≤ 5 ms",
+    ),
+    at_most(
+        "dist_chain",
+        "hop_ms_p99",
+        20.0,
+        "distributed 1 000-deep chain: p99 hop ≤ 20 ms",
+    ),
+    at_most("dist_chain40", "wall_s", 0.4, "distributed 40-task chain: ≤ 0.4 s"),
+];
+
+/// `cargo xtask bench`.
+pub(crate) fn run(args: &[String]) -> Result<()> {
+    let wanted: Vec<&str> = if args.is_empty() {
+        SUITES.to_vec()
+    } else {
+        for a in args {
+            if !SUITES.contains(&a.as_str()) {
+                bail!("unknown suite `{a}`; the suites are {}", SUITES.join(", "));
+            }
+        }
+        SUITES.iter().copied().filter(|s| args.iter().any(|a| a == s)).collect()
+    };
+    let path = project_root().join("BENCHMARKS.md");
+    let previous = std::fs::read_to_string(&path).unwrap_or_default();
+    let mut sections: BTreeMap<&str, String> = BTreeMap::new();
+    for suite in SUITES {
+        if let Some(old) = section(&previous, suite) {
+            sections.insert(suite, old);
+        }
+    }
+    for suite in wanted {
+        eprintln!("==> bench {suite}");
+        let results = run_suite(suite)?;
+        sections.insert(suite, render_suite(suite, &results));
+    }
+    let mut out = String::from(
+        "# Benchmarks\n\nWritten by `cargo xtask bench`; each section records the machine and the date it ran on.\n\
+         Re-run one suite with `cargo xtask bench <suite>`; the others keep their figures.\n",
+    );
+    for suite in SUITES {
+        if let Some(body) = sections.get(suite) {
+            let _ = write!(out, "\n<!-- suite:{suite} -->\n{body}<!-- /suite:{suite} -->\n");
+        }
+    }
+    std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+fn section(text: &str, suite: &str) -> Option<String> {
+    let start = format!("<!-- suite:{suite} -->\n");
+    let end = format!("<!-- /suite:{suite} -->");
+    let from = text.find(&start)? + start.len();
+    let to = text[from..].find(&end)? + from;
+    Some(text[from..to].to_owned())
+}
+
+fn run_suite(suite: &str) -> Result<Vec<Value>> {
+    let output = Command::new(cargo())
+        .current_dir(project_root())
+        .args(["bench", "--package", "flowforge-bins", "--bench", suite])
+        .output()
+        .with_context(|| format!("running the {suite} benchmarks"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        bail!(
+            "the {suite} benchmarks failed ({}):\n{}\n{}",
+            output.status,
+            stdout,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let results: Vec<Value> = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .context("a benchmark printed a line that is not JSON")?;
+    for r in &results {
+        eprintln!("    {r}");
+    }
+    Ok(results)
+}
+
+fn machine() -> String {
+    let sh = |cmd: &str| {
+        Command::new("sh")
+            .args(["-c", cmd])
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "unknown".to_owned())
+    };
+    format!(
+        "- date: {}\n- cpu: {} ({} cores)\n- memory: {}\n- kernel: {}\n- rustc: {}\n- PostgreSQL: {}\n- RabbitMQ: {}\n",
+        sh("date -u +%Y-%m-%dT%H:%MZ"),
+        sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"),
+        sh("nproc"),
+        sh("awk '/MemTotal/ {printf \"%.1f GiB\", $2/1048576}' /proc/meminfo"),
+        sh("uname -sr"),
+        sh("rustc --version"),
+        sh("psql --version"),
+        sh("rabbitmqctl version 2>/dev/null || echo unknown"),
+    )
+}
+
+fn number(v: &Value) -> String {
+    match v.as_f64() {
+        Some(f) if f.fract() != 0.0 => format!("{f:.3}"),
+        Some(f) => format!("{f:.0}"),
+        None => v.to_string(),
+    }
+}
+
+fn render_suite(suite: &str, results: &[Value]) -> String {
+    let mut out = format!("## {suite}\n\nMachine:\n\n{}\n", machine());
+    let targeted: Vec<(&Target, Option<f64>)> = TARGETS
+        .iter()
+        .filter_map(|t| {
+            let r = results.iter().find(|r| r["scenario"] == t.scenario)?;
+            Some((t, r[t.metric].as_f64()))
+        })
+        .collect();
+    if !targeted.is_empty() {
+        out.push_str("| target | measured | met |\n| --- | --- | --- |\n");
+        for (t, value) in targeted {
+            let (shown, met) = match value {
+                Some(v) => (
+                    format!("{} = {v:.3}", t.metric),
+                    if (t.at_least && v >= t.threshold) || (!t.at_least && v <= t.threshold) {
+                        "yes"
+                    } else {
+                        "**no**"
+                    },
+                ),
+                None => (format!("{} missing", t.metric), "**no**"),
+            };
+            let _ = writeln!(out, "| {} | {shown} | {met} |", t.what);
+        }
+        out.push('\n');
+    }
+    out.push_str("All figures:\n\n");
+    for r in results {
+        let Some(map) = r.as_object() else { continue };
+        let scenario = map.get("scenario").and_then(Value::as_str).unwrap_or("?");
+        let fields: Vec<String> = map
+            .iter()
+            .filter(|(k, _)| k.as_str() != "scenario" && k.as_str() != "notes")
+            .map(|(k, v)| format!("{k} = {}", number(v)))
+            .collect();
+        let _ = writeln!(out, "- **{scenario}**: {}", fields.join(", "));
+        if let Some(notes) = map.get("notes").and_then(Value::as_str) {
+            let _ = writeln!(out, "\n```text\n{notes}\n```\n");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn sections_round_trip_and_targets_are_judged() {
+        let text = "x\n<!-- suite:embedded -->\nbody\n<!-- /suite:embedded -->\n";
+        assert_eq!(section(text, "embedded").as_deref(), Some("body\n"));
+        assert_eq!(section(text, "postgres"), None);
+        let rendered = render_suite(
+            "embedded",
+            &[
+                json!({"scenario": "fanout", "tasks_per_s": 6000.0}),
+                json!({"scenario": "chain40", "wall_s": 0.5}),
+            ],
+        );
+        assert!(rendered.contains("tasks_per_s = 6000.000 | yes"), "{rendered}");
+        assert!(rendered.contains("wall_s = 0.500 | **no**"), "{rendered}");
+    }
+}
