@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use flowforge_adapters_rabbit::RabbitConfig;
 use flowforge_app::process::{publish_checked, wait_for_run};
 use flowforge_ports::Store;
 
@@ -42,6 +43,19 @@ pub(crate) async fn run(global: &Global, args: &Args) -> anyhow::Result<Exit> {
         Ok(v) => v,
         Err(exit) => return Ok(exit),
     };
+    // RabbitMQ closes a channel whose delivery stays unacked past its
+    // consumer timeout, heartbeats or not: a longer task could never finish.
+    let limit = RabbitConfig::new(global.amqp.clone()).max_task_timeout();
+    if let Some(task) = def.tasks().iter().find(|t| def.timeout(t) > limit) {
+        eprintln!(
+            "error: task '{}' has a timeout of {}s, above the {}s a distributed worker can hold a task \
+             (RabbitMQ's consumer_timeout, 30 min by default, minus a margin); shorten it or split the task",
+            task.key(),
+            def.timeout(task).as_secs_f64(),
+            limit.as_secs()
+        );
+        return Ok(Exit::Invalid);
+    }
     with_store!(&global.db, |store| submit(store, args, &def, input).await)
 }
 
