@@ -24,6 +24,10 @@ use crate::error::Error;
 use crate::observers::Observers;
 use crate::registry::HandlerRegistry;
 
+/// How long a slot waits before requeueing a dispatch it could not claim
+/// because the store failed.
+const STORE_TROUBLE_PAUSE: Duration = Duration::from_secs(1);
+
 /// The default largest task output: 1 MiB (DESIGN §6).
 pub const DEFAULT_OUTPUT_LIMIT: usize = 1024 * 1024;
 
@@ -278,7 +282,10 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                     return Ok(Handled::Skipped);
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "claim failed; requeueing the dispatch");
+                    // The store is in trouble: requeueing at once would only
+                    // spin the dispatch between broker and store.
+                    tracing::error!(error = %e, "claim failed; requeueing the dispatch shortly");
+                    tokio::time::sleep(STORE_TROUBLE_PAUSE).await;
                     delivery.nack_requeue().await?;
                     return Ok(Handled::Requeued);
                 }
