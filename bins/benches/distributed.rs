@@ -1,0 +1,987 @@
+//! Distributed-mode benchmarks (issue 5): real `flowforge` processes from
+//! the release binary — `migrate`, one `scheduler`, one `publisher` and two
+//! `worker`s (`--concurrency` = CPUs each) — on this benchmark's own
+//! PostgreSQL database and RabbitMQ queue, noop tasks, runs started through
+//! `PgStore` (publish + start_run, as `flowforge submit` does) and awaited.
+//! Prints one JSON object per scenario; `cargo xtask bench distributed`
+//! runs it and writes the figures down.
+//!
+//! * `dist_fanout`: a 9 998-wide fan-out/fan-in (10 000 tasks), tasks/s.
+//! * `dist_chain`: a 1 000-deep chain; per-hop latency p50/p99 from the
+//!   predecessor's `succeed` event to the successor's `claim` event (both
+//!   stored with the database's microsecond clock), with the hop split at
+//!   the scheduler's promotion and the dispatch's `published_at`.
+//! * `dist_chain40`: the 40-task chain, wall time from start_run to the
+//!   wait returning (median of 5).
+//! * `dist_concurrent`: 100 concurrent runs of a 40-task DAG, tasks/s.
+//!
+//! And, from the same run, measured before the processes start:
+//!
+//! * `rabbit_confirms`: confirmed publishes/s to a quorum queue through
+//!   `RabbitPublisher`, one at a time (batches of 1) and 100 in flight.
+//! * `pgbench_update`: the pgbench single-row conditional-UPDATE rate at
+//!   1 client (the helper of the `postgres` benchmark).
+//! * `hop_floor`: the latencies on a hop's path, each measured alone and
+//!   in sequence with nothing to wait for — finish commit, scheduler pass
+//!   commit, outbox sweep (its SQL and commit, and the publish + confirm),
+//!   claim commit — their sum, and how close the chain's p50 hop comes.
+//!
+//! Usage: `cargo bench -p flowforge-bins --bench distributed -- [fanout]
+//! [chain] [chain40] [concurrent]` (all when none given; the ceilings
+//! always run). Environment: `BENCH_SECS` (pgbench window, default 10),
+//! `AMQP_URL` (default amqp://guest:guest@127.0.0.1:5672/%2f), `PGHOST`,
+//! `PGPORT`, `PGUSER`. The database `ff_bench_<random>` and the queues
+//! `ff_bench_<random>*` are dropped/deleted at the end, and the processes
+//! stopped (SIGTERM, then SIGKILL, each by its own pid).
+
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+mod support;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use flowforge::{RunState, WorkflowDefinition, parse_definition};
+use flowforge_adapters_postgres::{PgOptions, PgStore};
+use flowforge_adapters_rabbit::{RabbitConfig, RabbitPublisher, RabbitQueue};
+use flowforge_app::cache::DefinitionCache;
+use flowforge_app::observers::Observers;
+use flowforge_app::scheduler::{Scheduler, SchedulerConfig};
+use flowforge_domain::TaskRunState;
+use flowforge_ports::store::{
+    DefinitionStore, FinishResult, Notifier, OutboxStore, OutboxSweep, RunStore, RunSummary, TaskOutcome, Topic,
+    WorkerRegistry,
+};
+use flowforge_ports::{
+    Dispatch, DispatchId, DispatchPublisher, RunId, Scope, SystemClock, TaskRunId, WorkerId, WorkflowId,
+};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use support::{BenchDb, Server, amqp, median, ms, percentile, pgbench_prepare, pgbench_update, round};
+
+/// The release binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_flowforge");
+const DEFAULT_AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Hops sampled for the floor.
+const FLOOR_SAMPLES: usize = 100;
+/// Lease of the benchmark's own claims (the floor).
+const LEASE: Duration = Duration::from_secs(600);
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn definition(name: &str, tasks: Vec<Value>) -> WorkflowDefinition {
+    let body = serde_json::to_vec(&json!({ "name": name, "version": 1, "tasks": tasks })).expect("json");
+    parse_definition(&body).expect("a valid benchmark definition")
+}
+
+fn fanout(width: usize) -> WorkflowDefinition {
+    let mut tasks = vec![json!({"key": "root", "task_type": "noop"})];
+    let keys: Vec<String> = (0..width).map(|i| format!("m{i:05}")).collect();
+    tasks.extend(
+        keys.iter()
+            .map(|k| json!({"key": k, "task_type": "noop", "depends_on": ["root"]})),
+    );
+    tasks.push(json!({"key": "sink", "task_type": "noop", "depends_on": keys}));
+    definition(&format!("fanout-{width}"), tasks)
+}
+
+fn chain_key(i: usize) -> String {
+    format!("t{i:05}")
+}
+
+fn chain(len: usize) -> WorkflowDefinition {
+    let tasks = (0..len)
+        .map(|i| {
+            let deps: Vec<String> = if i == 0 { vec![] } else { vec![chain_key(i - 1)] };
+            json!({"key": chain_key(i), "task_type": "noop", "depends_on": deps})
+        })
+        .collect();
+    definition(&format!("chain-{len}"), tasks)
+}
+
+/// A 40-task DAG: 8 levels of 5, each task depending on two of the level above.
+fn dag40() -> WorkflowDefinition {
+    let mut tasks = Vec::new();
+    for level in 0..8 {
+        for i in 0..5 {
+            let deps: Vec<String> = if level == 0 {
+                vec![]
+            } else {
+                vec![
+                    format!("l{}t{}", level - 1, i),
+                    format!("l{}t{}", level - 1, (i + 1) % 5),
+                ]
+            };
+            tasks.push(json!({"key": format!("l{level}t{i}"), "task_type": "noop", "depends_on": deps}));
+        }
+    }
+    definition("dag-40", tasks)
+}
+
+/// The queues and exchanges this benchmark declared, deleted on drop.
+struct Broker {
+    url: String,
+    queues: Vec<String>,
+    exchanges: Vec<String>,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        for q in &self.queues {
+            match amqp::delete_queue(&self.url, q) {
+                Ok(n) => eprintln!("deleted queue {q} ({n} messages left in it)"),
+                Err(e) => eprintln!("could not delete queue {q}: {e}"),
+            }
+        }
+        for x in &self.exchanges {
+            match amqp::delete_exchange(&self.url, x) {
+                Ok(()) => eprintln!("deleted exchange {x}"),
+                Err(e) => eprintln!("could not delete exchange {x}: {e}"),
+            }
+        }
+    }
+}
+
+/// The `flowforge` processes this benchmark started. Dropping stops each
+/// by its own pid: SIGTERM, up to 10 s to exit, then SIGKILL.
+struct Processes {
+    /// Worker slots started (consumers with prefetch 1).
+    slots: usize,
+    global: Vec<String>,
+    logs: tempfile::TempDir,
+    children: Vec<(String, Child)>,
+}
+
+impl Processes {
+    fn new(global: Vec<String>) -> Self {
+        Self {
+            slots: 0,
+            global,
+            logs: tempfile::tempdir().expect("a folder for the process logs"),
+            children: Vec::new(),
+        }
+    }
+
+    fn log_path(&self, name: &str) -> PathBuf {
+        self.logs.path().join(format!("{name}.log"))
+    }
+
+    fn command(&self, name: &str, args: &[&str]) -> Command {
+        let log = File::create(self.log_path(name)).expect("a log file");
+        let mut cmd = Command::new(BIN);
+        cmd.args(&self.global)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log);
+        cmd
+    }
+
+    /// Runs a one-shot command to completion.
+    fn run(&self, name: &str, args: &[&str]) {
+        let status = self.command(name, args).status().expect("running flowforge");
+        assert!(
+            status.success(),
+            "flowforge {name} failed ({status}):\n{}",
+            self.tail(name)
+        );
+    }
+
+    fn spawn(&mut self, name: &str, args: &[&str]) -> u32 {
+        let child = self.command(name, args).spawn().expect("starting flowforge");
+        let pid = child.id();
+        eprintln!("started flowforge {name} (pid {pid})");
+        self.children.push((name.to_owned(), child));
+        pid
+    }
+
+    /// The pids of the processes whose name starts with `prefix`.
+    fn pids(&self, prefix: &str) -> Vec<u32> {
+        self.children
+            .iter()
+            .filter(|(n, _)| n.starts_with(prefix))
+            .map(|(_, c)| c.id())
+            .collect()
+    }
+
+    fn tail(&self, name: &str) -> String {
+        let text = std::fs::read_to_string(self.log_path(name)).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Panics (with its log) if a process has exited.
+    fn check_alive(&mut self) {
+        let mut dead = Vec::new();
+        for (name, child) in &mut self.children {
+            if let Ok(Some(status)) = child.try_wait() {
+                dead.push((name.clone(), status));
+            }
+        }
+        if let Some((name, status)) = dead.first() {
+            panic!("flowforge {name} exited ({status}):\n{}", self.tail(name));
+        }
+    }
+
+    /// The last lines of every process's log.
+    fn all_tails(&self) -> String {
+        self.children
+            .iter()
+            .map(|(name, _)| format!("--- {name}\n{}", self.tail(name)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn stop(&mut self) {
+        for (name, child) in &mut self.children {
+            let Ok(pid) = i32::try_from(child.id()) else { continue };
+            // Only our own child, by its pid: never 0, never a group.
+            if pid > 0 && matches!(child.try_wait(), Ok(None)) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+                eprintln!("sent SIGTERM to flowforge {name} (pid {pid})");
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for (name, child) in &mut self.children {
+            loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => {
+                        eprintln!("flowforge {name} exited ({status})");
+                        break;
+                    }
+                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                    _ => {
+                        eprintln!("flowforge {name} did not stop in time: SIGKILL");
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                }
+            }
+        }
+        self.children.clear();
+    }
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// CPU time (user + system) of a process so far, ms (`/proc`, USER_HZ = 100).
+fn cpu_ms(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks * 10.0)
+}
+
+/// Busy and total jiffies of the whole machine (`/proc/stat`).
+fn machine_jiffies() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let numbers: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    let total: f64 = numbers.iter().sum();
+    let idle = numbers.get(3).copied().unwrap_or(0.0) + numbers.get(4).copied().unwrap_or(0.0);
+    (total - idle, total)
+}
+
+/// The pid of the RabbitMQ node on this machine, if it runs here.
+fn broker_pid() -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        (comm.trim() == "beam.smp").then_some(pid)
+    })
+}
+
+/// Which local process holds each local TCP port (`ss -tnp`).
+fn port_owners() -> HashMap<u16, u32> {
+    let Ok(out) = Command::new("ss").args(["-tnpH"]).output() else {
+        return HashMap::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let local = l.split_whitespace().nth(3)?;
+            let port = local.rsplit_once(':')?.1.parse().ok()?;
+            let pid = l.split("pid=").nth(1)?.split(',').next()?.parse().ok()?;
+            Some((port, pid))
+        })
+        .collect()
+}
+
+/// Where the CPU went during a scenario: each of our processes, the
+/// PostgreSQL backends serving this benchmark's database (by the process
+/// they serve), the broker, and how busy the whole machine was.
+struct CpuProbe {
+    groups: Vec<(String, Vec<u32>)>,
+    start: Vec<(String, f64)>,
+    backends: HashMap<u32, f64>,
+    machine: (f64, f64),
+}
+
+impl CpuProbe {
+    fn backend_pids(db: &BenchDb) -> Vec<u32> {
+        Self::backends_by_client(db).into_iter().map(|(pid, _)| pid).collect()
+    }
+
+    /// The backends of this benchmark's database, each with the client
+    /// port it serves.
+    fn backends_by_client(db: &BenchDb) -> Vec<(u32, u16)> {
+        db.sql(&format!(
+            "SELECT pid || ' ' || coalesce(client_port, 0) FROM pg_stat_activity WHERE datname = '{}' \
+             AND pid <> pg_backend_pid()",
+            db.name
+        ))
+        .lines()
+        .filter_map(|l| {
+            let (pid, port) = l.trim().split_once(' ')?;
+            Some((pid.parse().ok()?, port.parse().ok()?))
+        })
+        .collect()
+    }
+
+    fn group_ms(pids: &[u32]) -> f64 {
+        pids.iter().filter_map(|p| cpu_ms(*p)).sum()
+    }
+
+    fn start(db: &BenchDb, procs: &Processes) -> Self {
+        let mut groups: Vec<(String, Vec<u32>)> = vec![
+            ("scheduler".into(), procs.pids("scheduler")),
+            ("publisher".into(), procs.pids("publisher")),
+            ("workers".into(), procs.pids("worker")),
+            ("benchmark client".into(), vec![std::process::id()]),
+        ];
+        if let Some(pid) = broker_pid() {
+            groups.push(("rabbitmq (whole node)".into(), vec![pid]));
+        }
+        let start = groups.iter().map(|(n, p)| (n.clone(), Self::group_ms(p))).collect();
+        let backends = Self::backend_pids(db)
+            .into_iter()
+            .filter_map(|p| Some((p, cpu_ms(p)?)))
+            .collect();
+        Self {
+            groups,
+            start,
+            backends,
+            machine: machine_jiffies(),
+        }
+    }
+
+    /// CPU ms per task of each part, the sum, and the machine's busy share.
+    fn per_task(&self, db: &BenchDb, tasks: f64) -> (Value, String) {
+        let mut parts = serde_json::Map::new();
+        let mut text = Vec::new();
+        let mut total = 0.0;
+        // Each backend's CPU, attributed to the process it serves.
+        let owners = port_owners();
+        let mut by_client: HashMap<String, f64> = HashMap::new();
+        for (pid, port) in Self::backends_by_client(db) {
+            let Some(now) = cpu_ms(pid) else { continue };
+            let spent = now - self.backends.get(&pid).copied().unwrap_or(0.0);
+            let client = owners
+                .get(&port)
+                .and_then(|owner| self.groups.iter().find(|(_, pids)| pids.contains(owner)))
+                .map_or("other", |(name, _)| name.as_str());
+            *by_client.entry(client.to_owned()).or_default() += spent;
+        }
+        let mut add = |name: &str, spent: f64| {
+            let per = spent / tasks;
+            total += per;
+            parts.insert(name.to_owned(), json!(round(per, 3)));
+            text.push(format!("{name} {per:.3}"));
+        };
+        let mut clients: Vec<(String, f64)> = by_client.into_iter().collect();
+        clients.sort_by(|a, b| a.0.cmp(&b.0));
+        for (client, spent) in clients {
+            add(&format!("postgres backends serving {client}"), spent);
+        }
+        for ((name, pids), (_, before)) in self.groups.iter().zip(&self.start) {
+            add(name, Self::group_ms(pids) - before);
+        }
+        let (busy, all) = machine_jiffies();
+        let share = (busy - self.machine.0) / (all - self.machine.1).max(1.0);
+        parts.insert("total".to_owned(), json!(round(total, 3)));
+        parts.insert("machine_busy_pct".to_owned(), json!(round(share * 100.0, 1)));
+        let summary = format!(
+            "CPU ms per task: {} (total {total:.3}, i.e. at most {:.0} tasks/s on {} cores); the whole machine \
+             was {:.0} % busy meanwhile (other users included)",
+            text.join(", "),
+            1000.0 * std::thread::available_parallelism().map_or(2.0, |n| n.get() as f64) / total,
+            std::thread::available_parallelism().map_or(2, usize::from),
+            share * 100.0
+        );
+        (Value::Object(parts), summary)
+    }
+}
+
+async fn publish(store: &PgStore, def: &WorkflowDefinition) -> WorkflowId {
+    store.publish_definition(def).await.expect("publishing").id
+}
+
+/// Waits until every run of `runs` is terminal, woken by the store's
+/// run-settled notifications (and a slow re-check); returns their summaries.
+async fn wait_settled<N: Notifier>(
+    store: &PgStore,
+    notifier: &N,
+    runs: &[RunId],
+    timeout: Duration,
+    procs: &Processes,
+) -> Vec<RunSummary> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let listed = store.list_runs(runs.len() as u32 + 100).await.expect("list_runs");
+        let by_id: HashMap<RunId, &RunSummary> = listed.iter().map(|r| (r.id, r)).collect();
+        let terminal = |r: &RunSummary| matches!(r.state, RunState::Succeeded | RunState::Failed | RunState::Cancelled);
+        if runs.iter().all(|id| by_id.get(id).is_some_and(|r| terminal(r))) {
+            let summaries: Vec<RunSummary> = runs.iter().map(|id| by_id[id].clone()).collect();
+            for s in &summaries {
+                assert_eq!(s.state, RunState::Succeeded, "benchmark run {} did not succeed", s.id);
+            }
+            return summaries;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "runs did not finish within {timeout:?}; process logs:\n{}",
+            procs.all_tails()
+        );
+        tokio::select! {
+            () = notifier.notified(Topic::RunSettled) => {}
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}
+
+/// Store time from a run's creation to its end, seconds.
+fn store_span(s: &RunSummary) -> f64 {
+    s.finished_at.map_or(f64::NAN, |f| (f - s.created_at).as_seconds_f64())
+}
+
+/// The benchmark's view of the system under test.
+struct Bench<N> {
+    store: PgStore,
+    notifier: N,
+}
+
+impl<N: Notifier> Bench<N> {
+    /// Starts one run of `wf` and waits for it: (wall from start_run to the
+    /// wait returning, the run's summary).
+    async fn run_one(&self, wf: WorkflowId, timeout: Duration, procs: &Processes) -> (Duration, RunSummary) {
+        let start = Instant::now();
+        let run = self.store.start_run(wf, json!({})).await.expect("start_run");
+        let mut done = wait_settled(&self.store, &self.notifier, &[run], timeout, procs).await;
+        (start.elapsed(), done.remove(0))
+    }
+}
+
+async fn bench_fanout<N: Notifier>(b: &Bench<N>, db: &BenchDb, procs: &mut Processes) -> Value {
+    let wf = publish(&b.store, &fanout(9_998)).await;
+    let probe = CpuProbe::start(db, procs);
+    let (wall, summary) = b.run_one(wf, Duration::from_secs(900), procs).await;
+    let tasks = 10_000.0;
+    let (cpu, cpu_text) = probe.per_task(db, tasks);
+    procs.check_alive();
+    json!({
+        "scenario": "dist_fanout",
+        "tasks": 10_000,
+        "wall_s": round(wall.as_secs_f64(), 3),
+        "store_s": round(store_span(&summary), 3),
+        "tasks_per_s": round(tasks / wall.as_secs_f64(), 1),
+        "cpu_ms_per_task": cpu,
+        "notes": format!(
+            "A 9 998-wide fan-out/fan-in of noop tasks (10 000 tasks) through the separate scheduler, publisher \
+             and two worker processes ({} slots in all, prefetch 1 each); wall time from start_run to the wait \
+             returning (store_s: the run's created_at to finished_at). {cpu_text}.",
+            procs.slots
+        ),
+    })
+}
+
+/// Microseconds since the epoch of a store timestamp.
+fn micros(t: DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+async fn bench_chain<N: Notifier>(b: &Bench<N>, db: &BenchDb, procs: &mut Processes) -> Value {
+    let len = 1_000;
+    let wf = publish(&b.store, &chain(len)).await;
+    let (wall, summary) = b.run_one(wf, Duration::from_secs(600), procs).await;
+    procs.check_alive();
+    let detail = b.store.get_run(summary.id).await.expect("get_run").expect("the run");
+    // First `claim`, `succeed` and `dependencies_satisfied` of each task.
+    let mut at: HashMap<(&str, &str), i64> = HashMap::new();
+    for e in &detail.events {
+        if let Some(task) = e.task.as_deref() {
+            at.entry((task, e.transition.as_str())).or_insert_with(|| micros(e.at));
+        }
+    }
+    // When each dispatch was marked published (the sweep's statement time,
+    // after its confirm), by task.
+    let published: HashMap<String, i64> = db
+        .sql(&format!(
+            "SELECT task_key || ' ' || (extract(epoch FROM published_at) * 1000000)::bigint FROM outbox \
+             WHERE run_id = '{}' AND published_at IS NOT NULL",
+            summary.id
+        ))
+        .lines()
+        .filter_map(|l| {
+            let (k, t) = l.split_once(' ')?;
+            Some((k.to_owned(), t.parse().ok()?))
+        })
+        .collect();
+    let (mut hops, mut to_promotion, mut to_published, mut to_claim) = (vec![], vec![], vec![], vec![]);
+    for i in 1..len {
+        let (prev, next) = (chain_key(i - 1), chain_key(i));
+        let (Some(succeed), Some(claim)) = (at.get(&(prev.as_str(), "succeed")), at.get(&(next.as_str(), "claim")))
+        else {
+            continue;
+        };
+        hops.push((claim - succeed) as f64 / 1000.0);
+        if let (Some(promoted), Some(marked)) =
+            (at.get(&(next.as_str(), "dependencies_satisfied")), published.get(&next))
+        {
+            to_promotion.push((promoted - succeed) as f64 / 1000.0);
+            to_published.push((marked - promoted) as f64 / 1000.0);
+            to_claim.push((claim - marked) as f64 / 1000.0);
+        }
+    }
+    assert_eq!(hops.len(), len - 1, "every hop has its succeed and claim events");
+    hops.sort_by(f64::total_cmp);
+    let p50 = percentile(&hops, 50.0);
+    json!({
+        "scenario": "dist_chain",
+        "tasks": len,
+        "wall_s": round(wall.as_secs_f64(), 3),
+        "tasks_per_s": round(len as f64 / wall.as_secs_f64(), 1),
+        "hop_ms_p50": round(p50, 3),
+        "hop_ms_p90": round(percentile(&hops, 90.0), 3),
+        "hop_ms_p99": round(percentile(&hops, 99.0), 3),
+        "hop_ms_max": round(percentile(&hops, 100.0), 3),
+        "to_promotion_ms_p50": round(median(&to_promotion), 3),
+        "to_published_ms_p50": round(median(&to_published), 3),
+        "to_claim_ms_p50": round(median(&to_claim), 3),
+        "notes": format!(
+            "A 1 000-deep chain of noop tasks; {} hops, each from the predecessor's `succeed` event to the \
+             successor's `claim` event (store time, µs; each event is dated at its statement's start). Medians of \
+             the hop's three legs: succeed → the scheduler's `dependencies_satisfied` (finish commit, NOTIFY, \
+             scheduler wake-up, pass up to the promotion) {:.3} ms; → the dispatch marked published (rest of the \
+             pass and its commit, NOTIFY, publisher wake-up, sweep, publish + confirm) {:.3} ms; → the claim \
+             (sweep commit, broker delivery, worker) {:.3} ms.",
+            hops.len(),
+            median(&to_promotion),
+            median(&to_published),
+            median(&to_claim)
+        ),
+    })
+}
+
+async fn bench_chain40<N: Notifier>(b: &Bench<N>, procs: &mut Processes) -> Value {
+    let wf = publish(&b.store, &chain(40)).await;
+    let (mut walls, mut spans) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let (wall, summary) = b.run_one(wf, Duration::from_secs(120), procs).await;
+        walls.push(wall.as_secs_f64());
+        spans.push(store_span(&summary));
+    }
+    procs.check_alive();
+    json!({
+        "scenario": "dist_chain40",
+        "tasks": 40,
+        "wall_s": round(median(&walls), 4),
+        "wall_s_min": round(walls.iter().copied().fold(f64::INFINITY, f64::min), 4),
+        "store_s": round(median(&spans), 4),
+        "notes": format!(
+            "The 40-task sequential chain, 5 runs one after another; wall_s is the median from start_run to the \
+             wait returning (runs: {:?} s); store_s the median of created_at → finished_at in store time.",
+            walls.iter().map(|w| round(*w, 3)).collect::<Vec<_>>()
+        ),
+    })
+}
+
+async fn bench_concurrent<N: Notifier>(b: &Bench<N>, db: &BenchDb, procs: &mut Processes) -> Value {
+    let wf = publish(&b.store, &dag40()).await;
+    let probe = CpuProbe::start(db, procs);
+    let start = Instant::now();
+    let mut starting = tokio::task::JoinSet::new();
+    for _ in 0..100 {
+        let store = b.store.clone();
+        starting.spawn(async move { store.start_run(wf, json!({})).await.expect("start_run") });
+    }
+    let mut runs = Vec::new();
+    while let Some(r) = starting.join_next().await {
+        runs.push(r.expect("starting a run"));
+    }
+    wait_settled(&b.store, &b.notifier, &runs, Duration::from_secs(900), procs).await;
+    let wall = start.elapsed();
+    let (cpu, cpu_text) = probe.per_task(db, 4_000.0);
+    procs.check_alive();
+    json!({
+        "scenario": "dist_concurrent",
+        "runs": 100,
+        "tasks": 4_000,
+        "wall_s": round(wall.as_secs_f64(), 3),
+        "tasks_per_s": round(4_000.0 / wall.as_secs_f64(), 1),
+        "cpu_ms_per_task": cpu,
+        "notes": format!(
+            "100 runs of a 40-task DAG (8 levels of 5, each task depending on two above) started at once; wall \
+             time from the first start_run to the last run settled. {cpu_text}."
+        ),
+    })
+}
+
+/// A dispatch payload for the broker ceiling (nothing consumes it).
+fn dummy_dispatch(i: i64) -> Dispatch {
+    Dispatch {
+        dispatch_id: DispatchId(i),
+        task_run_id: TaskRunId(i),
+        run_id: "01900000-0000-7000-8000-000000000000".parse().expect("a uuid"),
+        task_key: format!("t{i:05}"),
+        task_type: "noop".to_owned(),
+        fencing_token: 0,
+    }
+}
+
+/// Confirmed publishes to a quorum queue: one at a time, and 100 in flight.
+/// Returns the scenario and the median confirm latency of a single publish.
+async fn bench_rabbit(publisher: &RabbitPublisher) -> (Value, f64) {
+    for i in 0..50 {
+        let r = publisher.publish(&[dummy_dispatch(i)]).await;
+        assert!(r.iter().all(Result::is_ok), "warm-up publish failed: {r:?}");
+    }
+    let (n_single, mut latencies) = (1_000, Vec::new());
+    let start = Instant::now();
+    for i in 0..n_single {
+        let t = Instant::now();
+        let r = publisher.publish(&[dummy_dispatch(i)]).await;
+        latencies.push(ms(t.elapsed()));
+        assert!(r.iter().all(Result::is_ok), "publish failed: {r:?}");
+    }
+    let single = f64::from(n_single as u32) / start.elapsed().as_secs_f64();
+    let batches = 100;
+    let start = Instant::now();
+    for b in 0..batches {
+        let batch: Vec<Dispatch> = (0..100).map(|i| dummy_dispatch(b * 100 + i)).collect();
+        let r = publisher.publish(&batch).await;
+        assert!(r.iter().all(Result::is_ok), "batch publish failed");
+    }
+    let in_flight = (batches * 100) as f64 / start.elapsed().as_secs_f64();
+    let confirm_ms = median(&latencies);
+    let value = json!({
+        "scenario": "rabbit_confirms",
+        "one_at_a_time_per_s": round(single, 1),
+        "in_flight_100_per_s": round(in_flight, 1),
+        "confirm_ms_p50": round(confirm_ms, 3),
+        "notes": format!(
+            "RabbitPublisher (mandatory, persistent, confirm mode) to a quorum queue of this benchmark's own: \
+             {n_single} publishes each awaiting its confirm ({single:.0}/s, median {confirm_ms:.3} ms per \
+             publish + confirm), then {batches} batches of 100 with all 100 confirms in flight ({in_flight:.0}/s)."
+        ),
+    });
+    (value, confirm_ms)
+}
+
+/// The latencies on a hop's path, measured alone and in sequence (before
+/// the processes start, so nothing else drives these runs): finish, the
+/// scheduler pass, the outbox sweep's SQL and commit, the publish and its
+/// confirm, the claim. Medians, in ms.
+struct Floor {
+    finish: f64,
+    pass: f64,
+    sweep_sql: f64,
+    publish_confirm: f64,
+    claim: f64,
+}
+
+async fn measure_floor(store: &PgStore, publisher: &RabbitPublisher) -> Floor {
+    let scheduler = Scheduler::new(
+        store.clone(),
+        Arc::new(DefinitionCache::new(store.clone())),
+        Observers::default(),
+        SchedulerConfig::default(),
+    );
+    let pair = publish(store, &chain(2)).await;
+    let worker = WorkerId("bench-floor".to_owned());
+    let (mut finish, mut pass, mut sweep_sql, mut publish_confirm, mut claim) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let ready = async |run: RunId| -> (TaskRunId, i64) {
+        let detail = store.get_run(run).await.expect("get_run").expect("the run");
+        let t = detail
+            .tasks
+            .iter()
+            .find(|t| t.state == TaskRunState::Ready)
+            .expect("a ready task");
+        (t.id, t.token)
+    };
+    // The sweep of one run's rows: (SQL + commit time, publish + confirm time).
+    let sweep = async |run: RunId| -> (Duration, Duration) {
+        let t0 = Instant::now();
+        let mut sweep = store
+            .begin_sweep(Scope::Run(run), 10)
+            .await
+            .expect("begin_sweep")
+            .expect("a dispatch to sweep");
+        let rows = sweep.dispatches().to_vec();
+        let t1 = Instant::now();
+        let results = publisher.publish(&rows).await;
+        let t2 = Instant::now();
+        assert!(results.iter().all(Result::is_ok), "publish failed: {results:?}");
+        let ids: Vec<DispatchId> = rows.iter().map(|d| d.dispatch_id).collect();
+        sweep.mark_published(&ids).await.expect("mark_published");
+        sweep.commit().await.expect("commit");
+        ((t1 - t0) + t2.elapsed(), t2 - t1)
+    };
+    for i in 0..FLOOR_SAMPLES + 10 {
+        let run = store.start_run(pair, json!({})).await.expect("start_run");
+        sweep(run).await;
+        let (root, token) = ready(run).await;
+        let c = store
+            .claim_task_run(root, token, &worker, LEASE)
+            .await
+            .expect("claim")
+            .expect("ready");
+        let t = Instant::now();
+        let r = store
+            .finish_task_run(root, c.token, &worker, TaskOutcome::Succeeded { output: json!({}) })
+            .await
+            .expect("finish");
+        let finish_t = t.elapsed();
+        assert_eq!(r, FinishResult::Recorded(TaskRunState::Succeeded));
+        let t = Instant::now();
+        let outcome = scheduler.advance_run(run).await.expect("pass").expect("the run");
+        let pass_t = t.elapsed();
+        assert_eq!(outcome.dispatched, 1, "the pass promotes the dependent");
+        let (sql_t, publish_t) = sweep(run).await;
+        let (child, token) = ready(run).await;
+        let t = Instant::now();
+        let c = store
+            .claim_task_run(child, token, &worker, LEASE)
+            .await
+            .expect("claim")
+            .expect("ready");
+        let claim_t = t.elapsed();
+        store
+            .finish_task_run(child, c.token, &worker, TaskOutcome::Succeeded { output: json!({}) })
+            .await
+            .expect("finish");
+        scheduler.advance_run(run).await.expect("settling pass");
+        if i >= 10 {
+            finish.push(ms(finish_t));
+            pass.push(ms(pass_t));
+            sweep_sql.push(ms(sql_t));
+            publish_confirm.push(ms(publish_t));
+            claim.push(ms(claim_t));
+        }
+    }
+    Floor {
+        finish: median(&finish),
+        pass: median(&pass),
+        sweep_sql: median(&sweep_sql),
+        publish_confirm: median(&publish_confirm),
+        claim: median(&claim),
+    }
+}
+
+fn hop_floor_value(floor: &Floor, pgbench_latency_ms: f64, confirm_ms: f64, hop_p50: Option<f64>) -> Value {
+    let sum = floor.finish + floor.pass + floor.sweep_sql + floor.publish_confirm + floor.claim;
+    // The hop is measured from the finish statement's start to the claim
+    // statement's start: the claim's own commit lies outside it.
+    let within = sum - floor.claim;
+    let physical = 4.0 * pgbench_latency_ms + confirm_ms;
+    let mut value = json!({
+        "scenario": "hop_floor",
+        "finish_commit_ms": round(floor.finish, 3),
+        "pass_commit_ms": round(floor.pass, 3),
+        "sweep_commit_ms": round(floor.sweep_sql, 3),
+        "publish_confirm_ms": round(floor.publish_confirm, 3),
+        "claim_commit_ms": round(floor.claim, 3),
+        "floor_ms": round(sum, 3),
+        "floor_within_hop_ms": round(within, 3),
+        "commit_confirm_floor_ms": round(physical, 3),
+    });
+    let mut notes = format!(
+        "Each step of a hop's path measured alone, in sequence, {FLOOR_SAMPLES} times with nothing else driving \
+         those runs, before the processes start and after they stop (the lower of the two medians, ms): finish_task_run {:.3} (its commit and NOTIFY to the scheduler), one scheduler \
+         pass over the run {:.3} (begin, lock, take_flagged, promotion with event and outbox row, activity, start, \
+         commit, NOTIFY to the publisher), the outbox sweep's SQL and commit {:.3}, the publish + confirm of its \
+         one dispatch {:.3}, claim_task_run {:.3}. Sum: {sum:.3} ms ({within:.3} ms without the claim, whose \
+         statement starts the measured hop's end). The bare physical floor, 4 single-row commits (pgbench 1-client \
+         latency {pgbench_latency_ms:.3} ms each) + 1 confirm ({confirm_ms:.3} ms): {physical:.3} ms.",
+        floor.finish, floor.pass, floor.sweep_sql, floor.publish_confirm, floor.claim
+    );
+    if let Some(p50) = hop_p50 {
+        value["hop_ms_p50"] = json!(round(p50, 3));
+        value["ratio"] = json!(round(p50 / sum, 3));
+        notes.push_str(&format!(
+            " The chain's measured p50 hop, {p50:.3} ms, is {:.2}× this floor ({:.2}× the floor within the hop); \
+             the rest is wake-ups (NOTIFY → LISTEN → loop), the loops' own queries and the broker's delivery.",
+            p50 / sum,
+            p50 / within
+        ));
+    }
+    value["notes"] = json!(notes);
+    value
+}
+
+#[tokio::main]
+async fn main() {
+    let mut wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    if wanted.is_empty() {
+        wanted = ["chain40", "chain", "fanout", "concurrent"].map(String::from).to_vec();
+    }
+    for w in &wanted {
+        if !["chain40", "chain", "fanout", "concurrent"].contains(&w.as_str()) {
+            eprintln!("unknown scenario {w}; the scenarios are fanout, chain, chain40, concurrent");
+            std::process::exit(2);
+        }
+    }
+    let secs = env_number("BENCH_SECS", 10);
+    let amqp_url = std::env::var("AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP.to_owned());
+    let server = Server::from_env();
+    let cpus = std::thread::available_parallelism().map_or(2, usize::from);
+
+    // Guards, dropped in reverse: processes, then broker objects, then the database.
+    let db = BenchDb::create(&server, "");
+    let tag = db.name.clone();
+    let queue = tag.clone();
+    let ceiling_queue = format!("{tag}_ceiling");
+    let ceiling_exchange = format!("{tag}_x");
+    let _broker = Broker {
+        url: amqp_url.clone(),
+        queues: vec![queue.clone(), ceiling_queue.clone()],
+        exchanges: vec![ceiling_exchange.clone()],
+    };
+    let mut procs = Processes::new(vec![
+        "--db".into(),
+        db.url(),
+        "--amqp".into(),
+        amqp_url.clone(),
+        "--queue".into(),
+        queue.clone(),
+    ]);
+    procs.run("migrate", &["migrate"]);
+    let store = PgStore::connect(
+        &db.url(),
+        Arc::new(SystemClock),
+        PgOptions {
+            max_connections: 10,
+            application_name: "flowforge-bench".to_owned(),
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .expect("connecting to the benchmark database");
+
+    // The ceilings and the floor, before anything else runs here.
+    pgbench_prepare(&db);
+    let sync = support::synchronous_commit(&db);
+    let pgbench = pgbench_update(&db, 1, secs);
+    println!(
+        "{}",
+        json!({
+            "scenario": "pgbench_update",
+            "clients": 1,
+            "tps": round(pgbench.tps, 1),
+            "latency_ms": round(pgbench.latency_ms, 3),
+            "notes": format!(
+                "pgbench, 1 client, {secs} s, -M prepared, synchronous_commit = {sync}: the single-row conditional \
+                 UPDATE of the postgres benchmark ({}), i.e. one commit round trip.",
+                support::PGBENCH_SCRIPT.lines().nth(1).unwrap_or_default().trim()
+            ),
+        })
+    );
+    let mut rabbit = RabbitConfig::new(amqp_url.clone());
+    rabbit.exchange.clone_from(&ceiling_exchange);
+    rabbit.queue.clone_from(&ceiling_queue);
+    rabbit.routing_key.clone_from(&ceiling_queue);
+    rabbit.connection_name = "flowforge-bench".to_owned();
+    RabbitQueue::new(rabbit.clone())
+        .expect("rabbit config")
+        .declare()
+        .await
+        .expect("declaring the ceiling queue");
+    let publisher = RabbitPublisher::new(rabbit).expect("rabbit config");
+    let (rabbit_value, confirm_ms) = bench_rabbit(&publisher).await;
+    println!("{rabbit_value}");
+    let floor_before = measure_floor(&store, &publisher).await;
+
+    // The processes under test.
+    let concurrency = env_number("BENCH_WORKER_CONCURRENCY", cpus as u64).to_string();
+    procs.slots = 2 * concurrency.parse::<usize>().unwrap_or(cpus);
+    procs.spawn("scheduler", &["scheduler"]);
+    procs.spawn("publisher", &["publisher"]);
+    let pids = [
+        procs.spawn("worker-1", &["worker", "--concurrency", &concurrency]),
+        procs.spawn("worker-2", &["worker", "--concurrency", &concurrency]),
+    ];
+    let ready_by = Instant::now() + Duration::from_secs(60);
+    loop {
+        procs.check_alive();
+        let workers = store.list_workers().await.expect("list_workers");
+        let live = workers
+            .iter()
+            .filter(|w| w.stopped_at.is_none() && pids.contains(&w.pid))
+            .count();
+        if live == pids.len() {
+            break;
+        }
+        assert!(
+            Instant::now() < ready_by,
+            "the workers did not register:\n{}",
+            procs.all_tails()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let bench = Bench {
+        notifier: store.notifier().await.expect("notifier"),
+        store: store.clone(),
+    };
+    // Warm-up: every process connected, caches and pools filled.
+    let warm = publish(&store, &chain(5)).await;
+    for _ in 0..3 {
+        bench.run_one(warm, Duration::from_secs(60), &procs).await;
+    }
+
+    let mut hop_p50 = None;
+    for w in &wanted {
+        let result = match w.as_str() {
+            "fanout" => bench_fanout(&bench, &db, &mut procs).await,
+            "chain" => {
+                let v = bench_chain(&bench, &db, &mut procs).await;
+                hop_p50 = v["hop_ms_p50"].as_f64();
+                v
+            }
+            "chain40" => bench_chain40(&bench, &mut procs).await,
+            "concurrent" => bench_concurrent(&bench, &db, &mut procs).await,
+            _ => unreachable!("checked above"),
+        };
+        println!("{result}");
+    }
+    // The floor again once the processes are gone: noise only ever adds,
+    // so each component's lower median of the two is its floor.
+    procs.stop();
+    let after = measure_floor(&store, &publisher).await;
+    let floor = Floor {
+        finish: floor_before.finish.min(after.finish),
+        pass: floor_before.pass.min(after.pass),
+        sweep_sql: floor_before.sweep_sql.min(after.sweep_sql),
+        publish_confirm: floor_before.publish_confirm.min(after.publish_confirm),
+        claim: floor_before.claim.min(after.claim),
+    };
+    println!("{}", hop_floor_value(&floor, pgbench.latency_ms, confirm_ms, hop_p50));
+}
