@@ -265,7 +265,16 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
     /// nack failed (the caller tears the connection down).
     pub async fn handle<D: Delivery>(&self, delivery: D) -> Result<Handled, QueueError> {
         let d: Dispatch = delivery.dispatch().clone();
-        let span = tracing::info_span!("task", run_id = %d.run_id, task_key = %d.task_key, token = d.fencing_token, attempt = tracing::field::Empty);
+        // `dispatch_token` is what a claim must match; `token` and `attempt`
+        // are the attempt's own, once claimed.
+        let span = tracing::info_span!(
+            "task",
+            run_id = %d.run_id,
+            task_key = %d.task_key,
+            dispatch_token = d.fencing_token,
+            attempt = tracing::field::Empty,
+            token = tracing::field::Empty,
+        );
         async move {
             let claim = match self
                 .store
@@ -290,7 +299,9 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                     return Ok(Handled::Requeued);
                 }
             };
-            tracing::Span::current().record("attempt", claim.attempt);
+            tracing::Span::current()
+                .record("attempt", claim.attempt)
+                .record("token", claim.token);
             let (outcome, event) = self.attempt(&claim).await;
             match self
                 .store
