@@ -10,11 +10,11 @@ use std::sync::Arc;
 use flowforge_domain::{Defaults, RetrySpec, TaskDocument, WorkflowDefinition, WorkflowDocument};
 use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, StoreError, WorkflowId};
 use serde_json::{Map, Value, json};
-use sqlx::SqliteExecutor;
 
 use crate::convert::time;
-use crate::error::{is_unique_violation, store_error};
-use crate::store::SqliteStore;
+use crate::error::is_unique_violation;
+use crate::runs::{col, decode};
+use crate::store::{Failure, SqliteStore, padded, sql, tagged};
 
 #[derive(Debug, sqlx::FromRow)]
 struct WorkflowRow {
@@ -68,26 +68,34 @@ fn task_rows(def: &WorkflowDefinition) -> Result<String, StoreError> {
     serde_json::to_string(&rows).map_err(|e| StoreError::Other(format!("cannot encode task rows: {e}")))
 }
 
-async fn workflow_row<'e>(exec: impl SqliteExecutor<'e>, id: WorkflowId) -> Result<Option<WorkflowRow>, StoreError> {
-    sqlx::query_as(
-        "SELECT id, name, version, description, fingerprint, definition, created_at FROM workflow WHERE id = ?1",
-    )
-    .bind(id.0)
-    .fetch_optional(exec)
-    .await
-    .map_err(store_error)
-}
+/// load: the workflow row (tag 0) and its task rows (tag 1) from one read
+/// transaction, in one call. `?1` the workflow.
+pub(crate) const LOAD: &str = "BEGIN; \
+     SELECT 0 AS tag, id, name, version, description, fingerprint, definition, created_at FROM workflow \
+     WHERE id = ?1; \
+     SELECT 1 AS tag, key, task_type, depends_on, config, timeout_seconds, retry, compensate_for, max_attempts \
+     FROM task WHERE workflow_id = ?1 ORDER BY position; COMMIT";
 
-async fn task_rows_of<'e>(exec: impl SqliteExecutor<'e>, id: WorkflowId) -> Result<Vec<TaskRow>, StoreError> {
-    sqlx::query_as(
-        "SELECT key, task_type, depends_on, config, timeout_seconds, retry, compensate_for, max_attempts \
-         FROM task WHERE workflow_id = ?1 ORDER BY position",
-    )
-    .bind(id.0)
-    .fetch_all(exec)
-    .await
-    .map_err(store_error)
-}
+/// publish_definition in one call: the row already under (name, version),
+/// if any (tag 0); otherwise the new workflow (tag 1) and its tasks, which
+/// follow it only when it was inserted (`changes() = 1`). `?2` name, `?3`
+/// version, `?4` description, `?5` fingerprint, `?6` document, `?7` tasks.
+pub(crate) const PUBLISH: &str = concat!(
+    "BEGIN IMMEDIATE; \
+     SELECT 0 AS tag, id, fingerprint FROM workflow WHERE name = ?2 AND version = ?3; \
+     INSERT INTO workflow (name, version, description, fingerprint, definition, created_at) \
+     SELECT ?2, ?3, ?4, ?5, ?6, ",
+    now!(),
+    " WHERE NOT EXISTS (SELECT 1 FROM workflow WHERE name = ?2 AND version = ?3) \
+     RETURNING 1 AS tag, id, created_at; \
+     INSERT INTO task (workflow_id, key, position, task_type, depends_on, config, timeout_seconds, retry, \
+     compensate_for, max_attempts) \
+     SELECT (SELECT id FROM workflow WHERE name = ?2 AND version = ?3), j.value ->> 'key', j.key, \
+     j.value ->> 'task_type', j.value -> 'depends_on', j.value -> 'config', j.value ->> 'timeout_seconds', \
+     j.value -> 'retry', j.value ->> 'compensate_for', j.value ->> 'max_attempts' \
+     FROM json_each(?7) AS j WHERE changes() = 1 ORDER BY j.key; \
+     COMMIT"
+);
 
 /// Rebuilds and re-validates a definition from its rows.
 fn assemble(w: WorkflowRow, rows: Vec<TaskRow>) -> Result<Published, LoadError> {
@@ -172,13 +180,15 @@ fn assemble(w: WorkflowRow, rows: Vec<TaskRow>) -> Result<Published, LoadError> 
 
 impl SqliteStore {
     async fn load(&self, id: WorkflowId) -> Result<Option<Published>, LoadError> {
-        let mut tx = self.inner.reader.begin().await.map_err(store_error)?;
-        let Some(w) = workflow_row(&mut *tx, id).await? else {
+        let rows = self.inner.read().await?.call(padded(sql(LOAD).bind(id.0))).await?;
+        let Some(w) = tagged(&rows, 0).next() else {
             return Ok(None);
         };
-        let rows = task_rows_of(&mut *tx, id).await?;
-        tx.commit().await.map_err(store_error)?;
-        assemble(w, rows).map(Some)
+        let w: WorkflowRow = decode(w)?;
+        let tasks = tagged(&rows, 1)
+            .map(decode::<TaskRow>)
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        assemble(w, tasks).map(Some)
     }
 }
 
@@ -189,16 +199,35 @@ impl DefinitionStore for SqliteStore {
             .map_err(|e| StoreError::Other(format!("cannot encode the definition: {e}")))?;
         let tasks = task_rows(def)?;
         let offset = self.inner.offset();
-        let mut tx = self.inner.write().await?;
-        let existing: Option<(i64, String)> =
-            sqlx::query_as("SELECT id, fingerprint FROM workflow WHERE name = ?1 AND version = ?2")
-                .bind(def.name())
-                .bind(i64::from(def.version()))
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(store_error)?;
-        if let Some((id, stored)) = existing {
-            drop(tx);
+        let called = self
+            .inner
+            .write()
+            .await?
+            .call_sqlx(padded(
+                sql(PUBLISH)
+                    .bind(offset)
+                    .bind(def.name().to_owned())
+                    .bind(i64::from(def.version()))
+                    .bind(def.description().to_owned())
+                    .bind(fingerprint.clone())
+                    .bind(document)
+                    .bind(tasks),
+            ))
+            .await;
+        let rows = match called {
+            Ok(rows) => rows,
+            // Only reachable with another process writing the same file.
+            Err(Failure::Sqlx(e)) if is_unique_violation(&e) => {
+                return Err(PublishError::LostRace {
+                    name: def.name().to_owned(),
+                    version: def.version(),
+                });
+            }
+            Err(e) => return Err(e.into_store().into()),
+        };
+        if let Some(row) = tagged(&rows, 0).next() {
+            let id: i64 = col(row, 1)?;
+            let stored: String = col(row, 2)?;
             if stored != fingerprint {
                 return Err(PublishError::Conflict {
                     name: def.name().to_owned(),
@@ -216,45 +245,11 @@ impl DefinitionStore for SqliteStore {
                 Err(e) => Err(StoreError::Corrupt(e.to_string()).into()),
             };
         }
-        let inserted: Result<(i64, i64), sqlx::Error> = sqlx::query_as(concat!(
-            "INSERT INTO workflow (name, version, description, fingerprint, definition, created_at) \
-             VALUES (?2, ?3, ?4, ?5, ?6, ",
-            now!(),
-            ") RETURNING id, created_at"
-        ))
-        .bind(offset)
-        .bind(def.name())
-        .bind(i64::from(def.version()))
-        .bind(def.description())
-        .bind(&fingerprint)
-        .bind(&document)
-        .fetch_one(&mut *tx)
-        .await;
-        let (id, created_at) = match inserted {
-            Ok(row) => row,
-            // Only reachable with another process writing the same file.
-            Err(e) if is_unique_violation(&e) => {
-                return Err(PublishError::LostRace {
-                    name: def.name().to_owned(),
-                    version: def.version(),
-                });
-            }
-            Err(e) => return Err(store_error(e).into()),
+        let Some(row) = tagged(&rows, 1).next() else {
+            return Err(StoreError::Other("publishing inserted no workflow row".into()).into());
         };
-        sqlx::query(
-            "INSERT INTO task (workflow_id, key, position, task_type, depends_on, config, timeout_seconds, retry, \
-             compensate_for, max_attempts) \
-             SELECT ?1, j.value ->> 'key', j.key, j.value ->> 'task_type', j.value -> 'depends_on', \
-             j.value -> 'config', j.value ->> 'timeout_seconds', j.value -> 'retry', j.value ->> 'compensate_for', \
-             j.value ->> 'max_attempts' \
-             FROM json_each(?2) AS j ORDER BY j.key",
-        )
-        .bind(id)
-        .bind(&tasks)
-        .execute(&mut *tx)
-        .await
-        .map_err(store_error)?;
-        tx.commit().await.map_err(store_error)?;
+        let id: i64 = col(row, 1)?;
+        let created_at: i64 = col(row, 2)?;
         Ok(Published {
             id: WorkflowId(id),
             definition: Arc::new(def.clone()),
@@ -269,14 +264,18 @@ impl DefinitionStore for SqliteStore {
     }
 
     async fn find_definition(&self, name: &str, version: u32) -> Result<Option<Published>, LoadError> {
-        let id: Option<i64> = sqlx::query_scalar("SELECT id FROM workflow WHERE name = ?1 AND version = ?2")
-            .bind(name)
-            .bind(i64::from(version))
-            .fetch_optional(&self.inner.reader)
-            .await
-            .map_err(store_error)?;
-        match id {
-            Some(id) => self.load(WorkflowId(id)).await,
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(
+                sql("SELECT id FROM workflow WHERE name = ?1 AND version = ?2")
+                    .bind(name.to_owned())
+                    .bind(i64::from(version)),
+            )
+            .await?;
+        match rows.first() {
+            Some(row) => self.load(WorkflowId(col(row, 0)?)).await,
             None => Ok(None),
         }
     }

@@ -79,6 +79,14 @@ pub(crate) fn store_error(e: sqlx::Error) -> StoreError {
             if message.starts_with("no such table") || message.starts_with("no such column") {
                 return StoreError::Migration(message);
             }
+            if message.contains("outbox.task_type") {
+                // The dispatch of a task run made ready found no task row
+                // (see `task_type_of!`): refuse to commit a ready row that
+                // would never run.
+                return StoreError::Corrupt(format!(
+                    "a task run made ready has no task row to dispatch from ({message})"
+                ));
+            }
             match db.kind() {
                 ErrorKind::UniqueViolation
                 | ErrorKind::ForeignKeyViolation

@@ -16,9 +16,8 @@ use std::sync::Arc;
 use flowforge_ports::{Dispatch, DispatchId, OutboxStore, OutboxSweep, Scope, StoreError, TaskRunId};
 
 use crate::convert::run_id;
-use crate::error::store_error;
-use crate::runs::scope_key;
-use crate::store::{Inner, SqliteStore, ids_json, lock};
+use crate::runs::{decode, scope_key};
+use crate::store::{Inner, SqliteStore, ids_json, lock, padded, sql};
 
 #[derive(Debug, sqlx::FromRow)]
 struct OutboxRow {
@@ -61,25 +60,37 @@ pub(crate) const SWEEP: &str = "SELECT id, task_run_id, run_id, task_key, task_t
              WHERE published_at IS NULL AND (?1 IS NULL OR run_id = ?1) \
              AND id NOT IN (SELECT value FROM json_each(?2)) ORDER BY id LIMIT ?3";
 
+/// sweep commit: the marks, in one call. `?2` the rows.
+pub(crate) const MARK_PUBLISHED: &str = concat!(
+    "BEGIN IMMEDIATE; UPDATE outbox SET published_at = ",
+    now!(),
+    " WHERE id IN (SELECT value FROM json_each(?2)) AND published_at IS NULL; COMMIT"
+);
+
 impl OutboxStore for SqliteStore {
     type Sweep = SqliteSweep;
 
     async fn begin_sweep(&self, scope: Scope, limit: u32) -> Result<Option<SqliteSweep>, StoreError> {
         let _gate = self.inner.sweep_gate.lock().await;
         let skip: Vec<i64> = lock(&self.inner.held_dispatches).iter().copied().collect();
-        let rows: Vec<OutboxRow> = sqlx::query_as(SWEEP)
-            .bind(scope_key(scope))
-            .bind(ids_json(&skip))
-            .bind(i64::from(limit))
-            .fetch_all(&self.inner.reader)
-            .await
-            .map_err(store_error)?;
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(
+                sql(SWEEP)
+                    .bind(scope_key(scope))
+                    .bind(ids_json(&skip))
+                    .bind(i64::from(limit)),
+            )
+            .await?;
         if rows.is_empty() {
             return Ok(None);
         }
         let dispatches = rows
-            .into_iter()
+            .iter()
             .map(|r| {
+                let r: OutboxRow = decode(r)?;
                 Ok(Dispatch {
                     dispatch_id: DispatchId(r.id),
                     task_run_id: TaskRunId(r.task_run_id),
@@ -89,7 +100,7 @@ impl OutboxStore for SqliteStore {
                     fencing_token: r.fencing_token,
                 })
             })
-            .collect::<Result<Vec<_>, crate::error::DecodeError>>()?;
+            .collect::<Result<Vec<_>, StoreError>>()?;
         let held: HashSet<i64> = dispatches.iter().map(|d| d.dispatch_id.0).collect();
         lock(&self.inner.held_dispatches).extend(held.iter().copied());
         Ok(Some(SqliteSweep {
@@ -119,18 +130,11 @@ impl OutboxSweep for SqliteSweep {
             return Ok(());
         }
         let offset = self.inner.offset();
-        let mut tx = self.inner.write().await?;
-        sqlx::query(concat!(
-            "UPDATE outbox SET published_at = ",
-            now!(),
-            " WHERE id IN (SELECT value FROM json_each(?2)) AND published_at IS NULL"
-        ))
-        .bind(offset)
-        .bind(ids_json(&marked))
-        .execute(&mut *tx)
-        .await
-        .map_err(store_error)?;
-        tx.commit().await.map_err(store_error)?;
+        self.inner
+            .write()
+            .await?
+            .call(padded(sql(MARK_PUBLISHED).bind(offset).bind(ids_json(&marked))))
+            .await?;
         Ok(())
     }
 }

@@ -3,9 +3,24 @@
 //! The pass holds the writer connection inside `BEGIN IMMEDIATE` until it
 //! commits or is dropped (rolled back). Two passes over the same run in
 //! this process never overlap: the second `begin_pass` is told the run is
-//! held, as `FOR UPDATE SKIP LOCKED` tells it on PostgreSQL. Each change is
-//! a batched conditional UPDATE with `RETURNING`, then one INSERT of the
-//! event rows for exactly the rows it returned.
+//! held, as `FOR UPDATE SKIP LOCKED` tells it on PostgreSQL.
+//!
+//! Each method is ONE call to the connection, and some cost none:
+//! * `begin_pass` opens the transaction, reads the run, reads and clears
+//!   its flags and measures its activity in one call; `take_flagged` then
+//!   hands out the rows read. A pass committed without taking them puts
+//!   the flags back in its commit call, so the store ends as if they had
+//!   never been read.
+//! * Every call that changes task runs ends by measuring the activity
+//!   again (the forward rows still moving, whether one started, whether a
+//!   retry is waiting), so `activity` answers from it, and
+//!   `promote_due_retries` costs nothing when no row of the run is retrying.
+//!   Both are exact: the pass holds the file's write lock, so between its
+//!   own calls nothing else changes the run.
+//! * A batch change writes its events and dispatches from the rows it is
+//!   about to change, by the same time-free WHERE, then changes them:
+//!   SQLite has no data-modifying CTEs, and under the write lock the
+//!   statements of one call see the same rows.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -14,12 +29,12 @@ use std::sync::Arc;
 use flowforge_domain::derive::TaskTally;
 use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, run_machine};
 use flowforge_ports::{Activity, PassRun, PassTask, RunId, RunPass, StoreError, TaskRunId, Topic, WorkflowId};
-use sqlx::{Sqlite, Transaction};
+use sqlx::sqlite::SqliteRow;
 
 use crate::convert::{name, opt_name, run_key, u64_of};
-use crate::error::store_error;
-use crate::runs::keys_in_order;
-use crate::store::{Edge, Inner, dispatch, lock, record};
+use crate::error::DecodeError;
+use crate::runs::{col, decode};
+use crate::store::{Conn, Inner, Query, ids_json, lock, padded, sql, tagged};
 
 /// Marks a run as held by an open pass in this process until dropped.
 struct RunHold {
@@ -33,15 +48,43 @@ impl Drop for RunHold {
     }
 }
 
+/// The flags `begin_pass` read and cleared.
+#[derive(Debug)]
+enum Flags {
+    /// Not handed out yet: the task runs, and whether the run's own flag
+    /// (an unhandled cancel request) was set.
+    Read { tasks: Vec<PassTask>, run: bool },
+    /// Handed out by `take_flagged`.
+    Taken,
+}
+
+/// What the last call that changed task runs measured.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    activity: Activity,
+    /// A forward or compensating row of the run is retrying.
+    any_retrying: bool,
+}
+
 /// An open scheduler pass over one run. Dropping it rolls back.
 pub struct SqlitePass {
-    tx: Transaction<'static, Sqlite>,
+    conn: Conn,
     run: PassRun,
     key: String,
     inner: Arc<Inner>,
+    flags: Flags,
+    /// The run's activity as of the last call; `None` once a call may have
+    /// changed it without measuring.
+    measured: Option<Measured>,
+    /// A task run changed since `begin_pass` (so a flagged row read then
+    /// may have changed too).
+    changed: bool,
+    /// A call failed and rolled the transaction back: the pass is over.
+    failed: bool,
     wrote_outbox: bool,
     settled: bool,
-    // Declared last so the hold is released after the transaction ends.
+    // Declared last so the hold is released after the connection (and its
+    // rollback, which keeps the writer until done) is given up.
     hold: RunHold,
 }
 
@@ -56,54 +99,375 @@ impl fmt::Debug for SqlitePass {
 }
 
 #[derive(Debug, sqlx::FromRow)]
-struct Touched {
+struct Flagged {
     id: i64,
     task_key: String,
+    state: String,
+    cancel_reason: Option<String>,
+    compensate_for: Option<String>,
 }
 
-/// take_flagged: read and clear the run's flags (`taskrun_needs_pass_idx`).
-pub(crate) const TAKE_FLAGGED: &str = "UPDATE task_run SET needs_pass = 0 WHERE run_id = ?1 AND needs_pass \
-             RETURNING id, task_key, state, cancel_reason, compensate_for";
+impl Flagged {
+    fn into_task(self) -> Result<PassTask, DecodeError> {
+        Ok(PassTask {
+            id: TaskRunId(self.id),
+            key: self.task_key,
+            state: name("task_run.state", &self.state)?,
+            cancel_reason: opt_name("task_run.cancel_reason", self.cancel_reason.as_deref())?,
+            compensate_for: self.compensate_for,
+        })
+    }
+}
+
+// Tags of the rows a pass call returns (first column).
+const HEADER: i64 = 0;
+const FLAGGED: i64 = 1;
+const RUN_FLAG: i64 = 2;
+const TOUCHED: i64 = 3;
+const RUN_CHANGED: i64 = 4;
+const DECLARED: i64 = 5;
+const CREATED: i64 = 6;
+const MEASURED: i64 = 9;
+
+/// take_flagged: read and clear the run's flags (`taskrun_needs_pass_idx`). `?2` run.
+macro_rules! take_flagged {
+    () => {
+        "UPDATE task_run SET needs_pass = 0 WHERE run_id = ?2 AND needs_pass \
+         RETURNING 1 AS tag, id, task_key, state, cancel_reason, compensate_for"
+    };
+}
+
+/// The run's own flag: a cancel request not handled yet.
+macro_rules! take_run_flag {
+    () => {
+        "UPDATE workflow_run SET needs_pass = 0 WHERE id = ?2 AND needs_pass RETURNING 2 AS tag"
+    };
+}
+
+/// activity: is a forward row still active (`taskrun_active_idx`), has any
+/// row started (looked up only while the run is pending; a running run
+/// has), and is any row retrying (`taskrun_active_idx`).
+macro_rules! activity {
+    () => {
+        "SELECT 9 AS tag, \
+         EXISTS (SELECT 1 FROM task_run WHERE run_id = ?2 \
+                 AND state IN ('pending', 'ready', 'running', 'retrying') AND compensate_for IS NULL), \
+         CASE WHEN (SELECT state FROM workflow_run WHERE id = ?2) <> 'pending' THEN 1 \
+              ELSE EXISTS (SELECT 1 FROM task_run WHERE run_id = ?2 AND started_at IS NOT NULL) END, \
+         EXISTS (SELECT 1 FROM task_run WHERE run_id = ?2 \
+                 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'retrying')"
+    };
+}
 
 /// satisfy_dependencies: lower the counts, one lookup per key (`uniq_taskrun_run_key`).
 /// MATERIALIZED makes SQLite walk the batch and look each row up by
 /// (run_id, task_key); joined directly, the planner scans the JSON once per
-/// task row of the run, which is quadratic on a wide fan-out.
-pub(crate) const LOWER_PENDING: &str = "WITH done (k, n) AS MATERIALIZED (SELECT j.value ->> 'k', j.value ->> 'n' FROM json_each(?2) AS j) \
-                 UPDATE task_run SET pending_deps = pending_deps - done.n FROM done \
-                 WHERE task_run.run_id = ?1 AND task_run.task_key = done.k \
-                 AND task_run.state = 'pending' AND task_run.compensate_for IS NULL";
+/// task row of the run, which is quadratic on a wide fan-out. `?3` the batch.
+macro_rules! lower_pending {
+    () => {
+        "WITH done (k, n) AS MATERIALIZED (SELECT j.value ->> 'k', j.value ->> 'n' FROM json_each(?3) AS j) \
+         UPDATE task_run SET pending_deps = pending_deps - done.n FROM done \
+         WHERE task_run.run_id = ?2 AND task_run.task_key = done.k \
+         AND task_run.state = 'pending' AND task_run.compensate_for IS NULL"
+    };
+}
 
-/// satisfy_dependencies: promote the rows at zero (`taskrun_active_idx`).
-/// `state IN (…)` repeats the index's WHERE: SQLite uses a partial index
-/// only when the query states its condition literally, and without it a
-/// pass would walk every row of the run, finished or not.
-pub(crate) const PROMOTE_READY: &str = "UPDATE task_run SET state = 'ready' \
-             WHERE run_id = ?1 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'pending' \
-             AND pending_deps = 0 AND compensate_for IS NULL RETURNING id, task_key";
+/// The pending forward rows at zero (`taskrun_active_idx`, which carries
+/// `pending_deps`, so only those rows are visited). `state IN (…)` repeats
+/// the index's WHERE: SQLite uses a partial index only when the query
+/// states its condition literally, and without it a pass would walk every
+/// row of the run, finished or not.
+macro_rules! promotable {
+    () => {
+        "run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'pending' \
+         AND pending_deps = 0 AND compensate_for IS NULL"
+    };
+}
 
-/// promote_due_retries: the run's due retries (`taskrun_active_idx`).
-pub(crate) const PROMOTE_DUE: &str = concat!(
-    "UPDATE task_run SET state = 'ready', retry_at = NULL \
-             WHERE run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'retrying' AND retry_at <= ",
-    now!(),
-    " RETURNING id, task_key"
+/// promote_due_retries marks the due rows with a `retry_at` of -1 first,
+/// so the statements after it name exactly the rows due at that instant
+/// without reading the clock again (a row with that `retry_at` is due
+/// anyway). Invisible outside the transaction.
+macro_rules! due_marked {
+    () => {
+        "run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'retrying' \
+         AND retry_at = -1"
+    };
+}
+
+/// The events of a batch: rows of `task_run` matching `$where`, in id
+/// order, with their (unchanged) attempt and token.
+macro_rules! batch_events {
+    ($transition:literal, $from:literal, $to:literal, $where:expr) => {
+        concat!(
+            event_insert!(),
+            "SELECT ",
+            next_event_id!(),
+            " + ROW_NUMBER() OVER (ORDER BY id), id, run_id, task_key, '",
+            $transition,
+            "', '",
+            $from,
+            "', '",
+            $to,
+            "', attempt, fencing_token, NULL, ",
+            now!(),
+            ", NULL FROM task_run WHERE ",
+            $where,
+            " ORDER BY id"
+        )
+    };
+}
+
+/// The outbox rows of a batch of rows about to become ready (decision 9).
+macro_rules! batch_dispatch {
+    ($where:expr) => {
+        concat!(
+            "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+             SELECT id, run_id, task_key, ",
+            task_type_of!("task_run"),
+            ", fencing_token, ",
+            now!(),
+            " FROM task_run WHERE ",
+            $where,
+            " ORDER BY id"
+        )
+    };
+}
+
+#[cfg(test)]
+pub(crate) const TAKE_FLAGGED: &str = take_flagged!();
+pub(crate) const ACTIVITY: &str = activity!();
+#[cfg(test)]
+pub(crate) const LOWER_PENDING: &str = lower_pending!();
+
+/// begin_pass in one call: open the transaction, read the run, take its
+/// flags, measure it. `?2` run.
+pub(crate) const BEGIN_PASS: &str = concat!(
+    "BEGIN IMMEDIATE; \
+     SELECT 0 AS tag, workflow_id, state, cancel_requested_at IS NOT NULL FROM workflow_run WHERE id = ?2; ",
+    take_flagged!(),
+    "; ",
+    take_run_flag!(),
+    "; ",
+    activity!()
 );
 
-/// activity: is a forward row still active (`taskrun_active_idx`), and has
-/// any row started (asked only while the run is pending; a running run has).
-pub(crate) const ACTIVITY: &str = "SELECT \
-     EXISTS (SELECT 1 FROM task_run WHERE run_id = ?1 \
-             AND state IN ('pending', 'ready', 'running', 'retrying') AND compensate_for IS NULL), \
-     ?2 OR EXISTS (SELECT 1 FROM task_run WHERE run_id = ?1 AND started_at IS NOT NULL)";
-
-/// cancel_waiting: the run's rows in one waiting state (`taskrun_active_idx`).
-pub(crate) const CANCEL_WAITING: &str = concat!(
-    "UPDATE task_run SET state = 'cancelled', cancel_reason = 'user', retry_at = NULL, finished_at = ",
-    now!(),
-    " WHERE run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = ?3 \
-                 AND compensate_for IS NULL RETURNING id, task_key"
+/// take_flagged after the pass changed rows: the flagged rows as they are
+/// now (`?3` their ids), and any flag set since (none can be, while the
+/// pass holds the write lock; asked anyway, it is the statement's meaning).
+pub(crate) const REREAD_FLAGGED: &str = concat!(
+    "SELECT 1 AS tag, id, task_key, state, cancel_reason, compensate_for FROM task_run \
+     WHERE id IN (SELECT value FROM json_each(?3)); ",
+    take_flagged!(),
+    "; ",
+    take_run_flag!()
 );
+
+/// A second take_flagged: the statement itself.
+pub(crate) const TAKE_AGAIN: &str = concat!(take_flagged!(), "; ", take_run_flag!());
+
+/// satisfy_dependencies' promotion (its plan is checked in `plans.rs`).
+macro_rules! promote_ready {
+    () => {
+        concat!(
+            "UPDATE task_run SET state = 'ready' WHERE ",
+            promotable!(),
+            " RETURNING 3 AS tag, id, task_key"
+        )
+    };
+}
+
+#[cfg(test)]
+pub(crate) const PROMOTE_READY: &str = promote_ready!();
+
+/// satisfy_dependencies in one call: lower, then `dependencies_satisfied`
+/// on every pending forward row at zero with its event and dispatch.
+pub(crate) const SATISFY: &str = concat!(
+    lower_pending!(),
+    "; ",
+    batch_events!("dependencies_satisfied", "pending", "ready", promotable!()),
+    "; ",
+    batch_dispatch!(promotable!()),
+    "; ",
+    promote_ready!(),
+    "; ",
+    activity!()
+);
+
+/// promote_due_retries' first statement: mark the run's due retries
+/// (`taskrun_active_idx`).
+macro_rules! mark_due {
+    () => {
+        concat!(
+            "UPDATE task_run SET retry_at = -1 \
+             WHERE run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'retrying' \
+             AND retry_at <= ",
+            now!()
+        )
+    };
+}
+
+#[cfg(test)]
+pub(crate) const PROMOTE_DUE: &str = mark_due!();
+
+/// promote_due_retries in one call.
+pub(crate) const PROMOTE_DUE_CALL: &str = concat!(
+    mark_due!(),
+    "; ",
+    batch_events!("retry_ready", "retrying", "ready", due_marked!()),
+    "; ",
+    batch_dispatch!(due_marked!()),
+    "; UPDATE task_run SET state = 'ready', retry_at = NULL WHERE ",
+    due_marked!(),
+    " RETURNING 3 AS tag, id, task_key; ",
+    activity!()
+);
+
+macro_rules! pending_named {
+    () => {
+        "run_id = ?2 AND state = 'pending' AND task_key IN (SELECT value FROM json_each(?3))"
+    };
+}
+
+/// cancel_pending in one call: `?3` the keys, `?4` the reason.
+pub(crate) const CANCEL_PENDING: &str = concat!(
+    batch_events!("cancel_pending", "pending", "cancelled", pending_named!()),
+    "; UPDATE task_run SET state = 'cancelled', cancel_reason = ?4, finished_at = ",
+    now!(),
+    " WHERE ",
+    pending_named!(),
+    " RETURNING 3 AS tag, id, task_key; ",
+    activity!()
+);
+
+macro_rules! waiting {
+    () => {
+        "run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') \
+         AND state IN ('pending', 'ready', 'retrying') AND compensate_for IS NULL"
+    };
+}
+
+/// cancel_waiting's UPDATE: the run's waiting forward rows (`taskrun_active_idx`).
+macro_rules! cancel_waiting {
+    () => {
+        concat!(
+            "UPDATE task_run SET state = 'cancelled', cancel_reason = 'user', retry_at = NULL, finished_at = ",
+            now!(),
+            " WHERE ",
+            waiting!(),
+            " RETURNING 3 AS tag, id, task_key"
+        )
+    };
+}
+
+#[cfg(test)]
+pub(crate) const CANCEL_WAITING: &str = cancel_waiting!();
+
+/// cancel_waiting in one call. Each source state has its own transition
+/// name; the events go by state (pending, ready, retrying), then id.
+pub(crate) const CANCEL_WAITING_CALL: &str = concat!(
+    event_insert!(),
+    "SELECT ",
+    next_event_id!(),
+    " + ROW_NUMBER() OVER (ORDER BY CASE state WHEN 'pending' THEN 0 WHEN 'ready' THEN 1 ELSE 2 END, id), \
+     id, run_id, task_key, \
+     CASE state WHEN 'pending' THEN 'cancel_pending' WHEN 'ready' THEN 'cancel_ready' ELSE 'cancel_retrying' END, \
+     state, 'cancelled', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM task_run WHERE ",
+    waiting!(),
+    " ORDER BY CASE state WHEN 'pending' THEN 0 WHEN 'ready' THEN 1 ELSE 2 END, id; ",
+    cancel_waiting!(),
+    "; ",
+    activity!()
+);
+
+/// create_compensator in one call: the declared task, the row (only when
+/// declared so, once), its dispatch when it was created. `?3` workflow,
+/// `?4` key, `?5` the task it undoes.
+pub(crate) const CREATE_COMPENSATOR: &str = concat!(
+    "SELECT 5 AS tag, compensate_for FROM task WHERE workflow_id = ?3 AND key = ?4; \
+     INSERT INTO task_run (run_id, task_key, compensate_for, state, pending_deps, created_at) \
+     SELECT ?2, ?4, ?5, 'ready', 0, ",
+    now!(),
+    " WHERE EXISTS (SELECT 1 FROM task WHERE workflow_id = ?3 AND key = ?4 AND compensate_for = ?5) \
+     ON CONFLICT (run_id, task_key) DO NOTHING RETURNING 6 AS tag, id; \
+     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+     SELECT tr.id, tr.run_id, tr.task_key, ",
+    task_type_of!("tr"),
+    ", tr.fencing_token, ",
+    now!(),
+    " FROM task_run tr WHERE tr.run_id = ?2 AND tr.task_key = ?4 AND changes() = 1; ",
+    activity!()
+);
+
+/// transition_run in one call: `?3` source, `?4` target, `?5` whether it
+/// starts the run, `?6` whether it ends it, `?7` the edge.
+pub(crate) const TRANSITION_RUN: &str = concat!(
+    "UPDATE workflow_run SET state = ?4, \
+     started_at = CASE WHEN ?5 THEN COALESCE(started_at, ",
+    now!(),
+    ") ELSE started_at END, \
+     finished_at = CASE WHEN ?6 THEN ",
+    now!(),
+    " ELSE finished_at END \
+     WHERE id = ?2 AND state = ?3 RETURNING 4 AS tag; \
+     INSERT INTO workflow_run_event (id, run_id, transition, from_state, to_state, at) SELECT ",
+    next_event_id!(),
+    " + 1, ?2, ?7, ?3, ?4, ",
+    now!(),
+    " WHERE changes() = 1; ",
+    activity!()
+);
+
+/// Commit after putting back the flags `begin_pass` cleared but nobody
+/// took: `?1` their task run ids, `?2` the run, `?3` whether its flag was set.
+pub(crate) const COMMIT_RESTORING: &str = "UPDATE task_run SET needs_pass = 1 WHERE id IN (SELECT value FROM json_each(?1)); \
+     UPDATE workflow_run SET needs_pass = 1 WHERE id = ?2 AND ?3; COMMIT";
+
+const TALLY: &str = "SELECT state, cancel_reason, COUNT(*), MAX(started_at IS NOT NULL) FROM task_run \
+     WHERE run_id = ?1 AND compensate_for IS NULL GROUP BY state, cancel_reason";
+
+const SUCCEEDED_KEYS: &str =
+    "SELECT task_key FROM task_run WHERE run_id = ?1 AND state = 'succeeded' AND compensate_for IS NULL";
+
+const COMPENSATOR_STATES: &str =
+    "SELECT task_key, state FROM task_run WHERE run_id = ?1 AND compensate_for IS NOT NULL ORDER BY id";
+
+fn measured(rows: &[SqliteRow]) -> Result<Option<Measured>, StoreError> {
+    tagged(rows, MEASURED)
+        .next()
+        .map(|r| {
+            Ok(Measured {
+                activity: Activity {
+                    any_active: col(r, 1)?,
+                    any_started: col(r, 2)?,
+                },
+                any_retrying: col(r, 3)?,
+            })
+        })
+        .transpose()
+}
+
+/// The task keys of the rows tagged [`TOUCHED`], in id order.
+fn touched_keys(rows: &[SqliteRow]) -> Result<Vec<String>, StoreError> {
+    let mut touched = tagged(rows, TOUCHED)
+        .map(|r| Ok((col::<i64>(r, 1)?, col::<String>(r, 2)?)))
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    touched.sort_by_key(|(id, _)| *id);
+    Ok(touched.into_iter().map(|(_, key)| key).collect())
+}
+
+fn flagged_tasks<'a>(rows: impl Iterator<Item = &'a SqliteRow>) -> Result<Vec<PassTask>, StoreError> {
+    let mut by_id: HashMap<i64, PassTask> = HashMap::new();
+    for row in rows {
+        let task = decode::<Flagged>(row)?.into_task()?;
+        by_id.insert(task.id.0, task);
+    }
+    let mut tasks: Vec<PassTask> = by_id.into_values().collect();
+    tasks.sort_by_key(|t| t.id.0);
+    Ok(tasks)
+}
 
 impl SqlitePass {
     pub(crate) async fn begin(inner: Arc<Inner>, run: RunId) -> Result<Option<Self>, StoreError> {
@@ -116,23 +480,29 @@ impl SqlitePass {
             run,
         };
         let key = run_key(run);
-        let mut tx = inner.write().await?;
-        let row: Option<(i64, String, bool)> = sqlx::query_as(
-            "SELECT workflow_id, state, cancel_requested_at IS NOT NULL FROM workflow_run WHERE id = ?1",
-        )
-        .bind(&key)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(store_error)?;
-        let Some((workflow_id, state, cancel_requested)) = row else {
+        let mut conn = inner.write().await?;
+        let rows = conn
+            .open_call(padded(sql(BEGIN_PASS).bind(inner.offset()).bind(&key)))
+            .await?;
+        let header = match tagged(&rows, HEADER).next() {
+            Some(row) => {
+                let state: String = col(row, 2)?;
+                let state: RunState = name("workflow_run.state", &state)?;
+                Some((col::<i64>(row, 1)?, state, col::<bool>(row, 3)?))
+            }
+            None => None,
+        };
+        let Some((workflow_id, state, cancel_requested)) = header.filter(|(_, s, _)| !run_machine().is_terminal(*s))
+        else {
+            // No pass: the flags this call cleared go back.
+            conn.rollback().await?;
             return Ok(None);
         };
-        let state: RunState = name("workflow_run.state", &state)?;
-        if run_machine().is_terminal(state) {
-            return Ok(None);
-        }
+        let tasks = flagged_tasks(tagged(&rows, FLAGGED))?;
+        let run_flag = tagged(&rows, RUN_FLAG).next().is_some();
+        let measured = measured(&rows)?;
         Ok(Some(Self {
-            tx,
+            conn,
             run: PassRun {
                 id: run,
                 workflow_id: WorkflowId(workflow_id),
@@ -141,35 +511,45 @@ impl SqlitePass {
             },
             key,
             inner,
+            flags: Flags::Read { tasks, run: run_flag },
+            measured,
+            changed: false,
+            failed: false,
             wrote_outbox: false,
             settled: false,
             hold,
         }))
     }
 
-    fn offset(&self) -> i64 {
-        self.inner.offset()
+    /// Runs one call inside the transaction; a failure has rolled it back
+    /// and ends the pass, as an error ends a transaction on PostgreSQL.
+    async fn call(&mut self, q: Query) -> Result<Vec<SqliteRow>, StoreError> {
+        if self.failed {
+            return Err(StoreError::Other(
+                "this scheduler pass failed earlier and was rolled back".into(),
+            ));
+        }
+        match self.conn.open_call(q).await {
+            Ok(rows) => Ok(rows),
+            Err(e) => {
+                self.failed = true;
+                Err(e)
+            }
+        }
     }
 
-    /// Records `edge` for the touched rows and returns their keys in id order.
-    async fn recorded(&mut self, mut touched: Vec<Touched>, edge: Edge<'_>) -> Result<Vec<String>, StoreError> {
-        touched.sort_by_key(|t| t.id);
-        let ids: Vec<i64> = touched.iter().map(|t| t.id).collect();
-        let offset = self.offset();
-        record(&mut self.tx, offset, &ids, edge).await?;
-        Ok(touched.into_iter().map(|t| t.task_key).collect())
+    /// Runs a call that changes task runs and ends by measuring the run.
+    async fn change(&mut self, q: Query) -> Result<Vec<SqliteRow>, StoreError> {
+        self.measured = None;
+        self.changed = true;
+        let rows = self.call(padded(q)).await?;
+        self.measured = measured(&rows)?;
+        Ok(rows)
     }
 
-    /// Records `edge` and writes the outbox rows of rows made ready.
-    async fn made_ready(&mut self, mut touched: Vec<Touched>, edge: Edge<'_>) -> Result<Vec<String>, StoreError> {
-        touched.sort_by_key(|t| t.id);
-        let ids: Vec<i64> = touched.iter().map(|t| t.id).collect();
-        let keys: HashMap<i64, String> = touched.into_iter().map(|t| (t.id, t.task_key)).collect();
-        let offset = self.offset();
-        record(&mut self.tx, offset, &ids, edge).await?;
-        dispatch(&mut self.tx, offset, &ids).await?;
-        self.wrote_outbox |= !ids.is_empty();
-        Ok(keys_in_order(&ids, &keys))
+    /// A query binding `?1` the clock offset and `?2` the run.
+    fn query(&self, text: &'static str) -> Query {
+        sql(text).bind(self.inner.offset()).bind(self.key.clone())
     }
 }
 
@@ -179,39 +559,23 @@ impl RunPass for SqlitePass {
     }
 
     async fn take_flagged(&mut self) -> Result<Vec<PassTask>, StoreError> {
-        #[derive(sqlx::FromRow)]
-        struct Flagged {
-            id: i64,
-            task_key: String,
-            state: String,
-            cancel_reason: Option<String>,
-            compensate_for: Option<String>,
+        match std::mem::replace(&mut self.flags, Flags::Taken) {
+            // Read and cleared by begin_pass's statement, and nothing has
+            // changed since: a change committed after it sets the flag
+            // again and is seen by the next pass.
+            Flags::Read { tasks, .. } if !self.changed => Ok(tasks),
+            Flags::Read { tasks, .. } => {
+                let ids: Vec<i64> = tasks.iter().map(|t| t.id.0).collect();
+                let q = padded(self.query(REREAD_FLAGGED).bind(ids_json(&ids)));
+                let rows = self.call(q).await?;
+                flagged_tasks(tagged(&rows, FLAGGED))
+            }
+            Flags::Taken => {
+                let q = padded(self.query(TAKE_AGAIN));
+                let rows = self.call(q).await?;
+                flagged_tasks(tagged(&rows, FLAGGED))
+            }
         }
-        // Read and cleared in one statement: a change committed after this
-        // point sets the flag again and is seen by the next pass.
-        let mut rows: Vec<Flagged> = sqlx::query_as(TAKE_FLAGGED)
-            .bind(&self.key)
-            .fetch_all(&mut *self.tx)
-            .await
-            .map_err(store_error)?;
-        sqlx::query("UPDATE workflow_run SET needs_pass = 0 WHERE id = ?1 AND needs_pass")
-            .bind(&self.key)
-            .execute(&mut *self.tx)
-            .await
-            .map_err(store_error)?;
-        rows.sort_by_key(|r| r.id);
-        rows.into_iter()
-            .map(|r| {
-                Ok(PassTask {
-                    id: TaskRunId(r.id),
-                    key: r.task_key,
-                    state: name("task_run.state", &r.state)?,
-                    cancel_reason: opt_name("task_run.cancel_reason", r.cancel_reason.as_deref())?,
-                    compensate_for: r.compensate_for,
-                })
-            })
-            .collect::<Result<Vec<_>, crate::error::DecodeError>>()
-            .map_err(StoreError::from)
     }
 
     async fn satisfy_dependencies(&mut self, done: &[(String, u32)]) -> Result<Vec<String>, StoreError> {
@@ -221,37 +585,29 @@ impl RunPass for SqlitePass {
         for (key, n) in done {
             *totals.entry(key.as_str()).or_default() += i64::from(*n);
         }
-        if !totals.is_empty() {
-            let batch: Vec<serde_json::Value> = totals
-                .iter()
-                .map(|(k, n)| serde_json::json!({ "k": k, "n": n }))
-                .collect();
-            let batch = serde_json::to_string(&batch).map_err(|e| StoreError::Other(e.to_string()))?;
-            sqlx::query(LOWER_PENDING)
-                .bind(&self.key)
-                .bind(&batch)
-                .execute(&mut *self.tx)
-                .await
-                .map_err(store_error)?;
-        }
-        let touched: Vec<Touched> = sqlx::query_as(PROMOTE_READY)
-            .bind(&self.key)
-            .fetch_all(&mut *self.tx)
-            .await
-            .map_err(store_error)?;
-        self.made_ready(touched, Edge::new("dependencies_satisfied", "pending", "ready"))
-            .await
+        let batch: Vec<serde_json::Value> = totals
+            .iter()
+            .map(|(k, n)| serde_json::json!({ "k": k, "n": n }))
+            .collect();
+        let batch = serde_json::to_string(&batch).map_err(|e| StoreError::Other(e.to_string()))?;
+        let rows = self.change(self.query(SATISFY).bind(batch)).await?;
+        let keys = touched_keys(&rows)?;
+        self.wrote_outbox |= !keys.is_empty();
+        Ok(keys)
     }
 
     async fn promote_due_retries(&mut self) -> Result<Vec<String>, StoreError> {
-        let touched: Vec<Touched> = sqlx::query_as(PROMOTE_DUE)
-            .bind(self.offset())
-            .bind(&self.key)
-            .fetch_all(&mut *self.tx)
-            .await
-            .map_err(store_error)?;
-        self.made_ready(touched, Edge::new("retry_ready", "retrying", "ready"))
-            .await
+        if let Some(m) = self.measured
+            && !m.any_retrying
+        {
+            // No row of the run is retrying, and only this pass can write
+            // until it ends: the UPDATE would match nothing.
+            return Ok(Vec::new());
+        }
+        let rows = self.change(self.query(PROMOTE_DUE_CALL)).await?;
+        let keys = touched_keys(&rows)?;
+        self.wrote_outbox |= !keys.is_empty();
+        Ok(keys)
     }
 
     async fn cancel_pending(&mut self, keys: &[String], reason: CancelReason) -> Result<Vec<String>, StoreError> {
@@ -259,73 +615,35 @@ impl RunPass for SqlitePass {
             return Ok(Vec::new());
         }
         let wanted = serde_json::to_string(keys).map_err(|e| StoreError::Other(e.to_string()))?;
-        let touched: Vec<Touched> = sqlx::query_as(concat!(
-            "UPDATE task_run SET state = 'cancelled', cancel_reason = ?4, finished_at = ",
-            now!(),
-            " WHERE run_id = ?2 AND state = 'pending' AND task_key IN (SELECT value FROM json_each(?3)) \
-             RETURNING id, task_key"
-        ))
-        .bind(self.offset())
-        .bind(&self.key)
-        .bind(&wanted)
-        .bind(reason.as_str())
-        .fetch_all(&mut *self.tx)
-        .await
-        .map_err(store_error)?;
-        self.recorded(touched, Edge::new("cancel_pending", "pending", "cancelled"))
-            .await
+        let rows = self
+            .change(self.query(CANCEL_PENDING).bind(wanted).bind(reason.as_str()))
+            .await?;
+        touched_keys(&rows)
     }
 
     async fn cancel_waiting(&mut self) -> Result<Vec<String>, StoreError> {
-        // One UPDATE per source state: RETURNING shows only the new row, and
-        // each state's rows need their own transition name in the history.
-        let mut cancelled: Vec<(i64, String)> = Vec::new();
-        for (from, transition) in [
-            ("pending", "cancel_pending"),
-            ("ready", "cancel_ready"),
-            ("retrying", "cancel_retrying"),
-        ] {
-            let touched: Vec<Touched> = sqlx::query_as(CANCEL_WAITING)
-                .bind(self.offset())
-                .bind(&self.key)
-                .bind(from)
-                .fetch_all(&mut *self.tx)
-                .await
-                .map_err(store_error)?;
-            let ids: Vec<i64> = touched.iter().map(|t| t.id).collect();
-            let offset = self.offset();
-            record(&mut self.tx, offset, &ids, Edge::new(transition, from, "cancelled")).await?;
-            cancelled.extend(touched.into_iter().map(|t| (t.id, t.task_key)));
-        }
-        cancelled.sort_by_key(|(id, _)| *id);
-        Ok(cancelled.into_iter().map(|(_, key)| key).collect())
+        let rows = self.change(self.query(CANCEL_WAITING_CALL)).await?;
+        touched_keys(&rows)
     }
 
     async fn activity(&mut self) -> Result<Activity, StoreError> {
-        let (any_active, any_started): (bool, bool) = sqlx::query_as(ACTIVITY)
-            .bind(&self.key)
-            .bind(self.run.state != RunState::Pending)
-            .fetch_one(&mut *self.tx)
-            .await
-            .map_err(store_error)?;
-        Ok(Activity {
-            any_active,
-            any_started,
-        })
+        if let Some(m) = self.measured {
+            return Ok(m.activity);
+        }
+        let rows = self.call(self.query(ACTIVITY)).await?;
+        let m = measured(&rows)?.ok_or_else(|| StoreError::Other("the activity query returned no row".into()))?;
+        self.measured = Some(m);
+        Ok(m.activity)
     }
 
     async fn tally(&mut self) -> Result<TaskTally, StoreError> {
-        let rows: Vec<(String, Option<String>, i64, bool)> = sqlx::query_as(
-            "SELECT state, cancel_reason, COUNT(*), MAX(started_at IS NOT NULL) FROM task_run \
-             WHERE run_id = ?1 AND compensate_for IS NULL GROUP BY state, cancel_reason",
-        )
-        .bind(&self.key)
-        .fetch_all(&mut *self.tx)
-        .await
-        .map_err(store_error)?;
+        let rows = self.call(sql(TALLY).bind(self.key.clone())).await?;
         let mut tally = TaskTally::default();
-        for (state, reason, count, started) in rows {
-            let count = u64_of("task_run count", count)?;
+        for row in &rows {
+            let state: String = col(row, 0)?;
+            let reason: Option<String> = col(row, 1)?;
+            let count = u64_of("task_run count", col(row, 2)?)?;
+            let started: bool = col(row, 3)?;
             let state: TaskRunState = name("task_run.state", &state)?;
             let reason: Option<CancelReason> = opt_name("task_run.cancel_reason", reason.as_deref())?;
             let slot = match state {
@@ -347,64 +665,41 @@ impl RunPass for SqlitePass {
     }
 
     async fn succeeded_keys(&mut self) -> Result<BTreeSet<String>, StoreError> {
-        let keys: Vec<String> = sqlx::query_scalar(
-            "SELECT task_key FROM task_run WHERE run_id = ?1 AND state = 'succeeded' AND compensate_for IS NULL",
-        )
-        .bind(&self.key)
-        .fetch_all(&mut *self.tx)
-        .await
-        .map_err(store_error)?;
-        Ok(keys.into_iter().collect())
+        let rows = self.call(sql(SUCCEEDED_KEYS).bind(self.key.clone())).await?;
+        rows.iter().map(|r| col::<String>(r, 0)).collect()
     }
 
     async fn compensator_states(&mut self) -> Result<Vec<(String, TaskRunState)>, StoreError> {
-        let rows: Vec<(String, String)> = sqlx::query_as(
-            "SELECT task_key, state FROM task_run WHERE run_id = ?1 AND compensate_for IS NOT NULL ORDER BY id",
-        )
-        .bind(&self.key)
-        .fetch_all(&mut *self.tx)
-        .await
-        .map_err(store_error)?;
-        rows.into_iter()
-            .map(|(key, state)| Ok((key, name("task_run.state", &state)?)))
-            .collect::<Result<Vec<_>, crate::error::DecodeError>>()
-            .map_err(StoreError::from)
+        let rows = self.call(sql(COMPENSATOR_STATES).bind(self.key.clone())).await?;
+        rows.iter()
+            .map(|r| {
+                let state: String = col(r, 1)?;
+                Ok((col::<String>(r, 0)?, name("task_run.state", &state)?))
+            })
+            .collect()
     }
 
     async fn create_compensator(&mut self, key: &str, compensate_for: &str) -> Result<bool, StoreError> {
-        let declared: Option<Option<String>> =
-            sqlx::query_scalar("SELECT compensate_for FROM task WHERE workflow_id = ?1 AND key = ?2")
-                .bind(self.run.workflow_id.0)
-                .bind(key)
-                .fetch_optional(&mut *self.tx)
-                .await
-                .map_err(store_error)?;
-        if declared.as_ref().and_then(Option::as_deref) != Some(compensate_for) {
+        let q = self
+            .query(CREATE_COMPENSATOR)
+            .bind(self.run.workflow_id.0)
+            .bind(key.to_owned())
+            .bind(compensate_for.to_owned());
+        let rows = self.change(q).await?;
+        let declared: Option<String> = match tagged(&rows, DECLARED).next() {
+            Some(row) => col(row, 1)?,
+            None => None,
+        };
+        if declared.as_deref() != Some(compensate_for) {
+            // The call created nothing: its INSERT requires the declaration.
             return Err(StoreError::Other(format!(
                 "workflow {} declares no compensation task '{key}' for '{compensate_for}'",
                 self.run.workflow_id
             )));
         }
-        let created: Option<i64> = sqlx::query_scalar(concat!(
-            "INSERT INTO task_run (run_id, task_key, compensate_for, state, pending_deps, created_at) \
-             VALUES (?2, ?3, ?4, 'ready', 0, ",
-            now!(),
-            ") ON CONFLICT (run_id, task_key) DO NOTHING RETURNING id"
-        ))
-        .bind(self.offset())
-        .bind(&self.key)
-        .bind(key)
-        .bind(compensate_for)
-        .fetch_optional(&mut *self.tx)
-        .await
-        .map_err(store_error)?;
-        let Some(id) = created else {
-            return Ok(false);
-        };
-        let offset = self.offset();
-        dispatch(&mut self.tx, offset, &[id]).await?;
-        self.wrote_outbox = true;
-        Ok(true)
+        let created = tagged(&rows, CREATED).next().is_some();
+        self.wrote_outbox |= created;
+        Ok(created)
     }
 
     async fn transition_run(&mut self, edge: RunTransition) -> Result<bool, StoreError> {
@@ -418,59 +713,59 @@ impl RunPass for SqlitePass {
             )));
         }
         let terminal = run_machine().is_terminal(t.target);
-        let changed: Option<String> = sqlx::query_scalar(concat!(
-            "UPDATE workflow_run SET state = ?4, \
-             started_at = CASE WHEN ?5 THEN COALESCE(started_at, ",
-            now!(),
-            ") ELSE started_at END, \
-             finished_at = CASE WHEN ?6 THEN ",
-            now!(),
-            " ELSE finished_at END \
-             WHERE id = ?2 AND state = ?3 RETURNING id"
-        ))
-        .bind(self.offset())
-        .bind(&self.key)
-        .bind(t.source.as_str())
-        .bind(t.target.as_str())
-        .bind(edge == RunTransition::Start)
-        .bind(terminal)
-        .fetch_optional(&mut *self.tx)
-        .await
-        .map_err(store_error)?;
-        if changed.is_none() {
+        let q = self
+            .query(TRANSITION_RUN)
+            .bind(t.source.as_str())
+            .bind(t.target.as_str())
+            .bind(edge == RunTransition::Start)
+            .bind(terminal)
+            .bind(edge.as_str());
+        // It changes no task run, but the activity reads the run's state.
+        self.measured = None;
+        let rows = self.call(padded(q)).await?;
+        self.measured = measured(&rows)?;
+        if tagged(&rows, RUN_CHANGED).next().is_none() {
             return Ok(false);
         }
-        sqlx::query(concat!(
-            "INSERT INTO workflow_run_event (id, run_id, transition, from_state, to_state, at) VALUES (",
-            next_event_id!(),
-            " + 1, ?2, ?3, ?4, ?5, ",
-            now!(),
-            ")"
-        ))
-        .bind(self.offset())
-        .bind(&self.key)
-        .bind(edge.as_str())
-        .bind(t.source.as_str())
-        .bind(t.target.as_str())
-        .execute(&mut *self.tx)
-        .await
-        .map_err(store_error)?;
         self.run.state = t.target;
         self.settled |= terminal;
         Ok(true)
     }
 
-    async fn commit(self) -> Result<(), StoreError> {
+    async fn commit(mut self) -> Result<(), StoreError> {
+        if self.failed {
+            return Err(StoreError::Other(
+                "this scheduler pass failed earlier and was rolled back".into(),
+            ));
+        }
+        let q = match std::mem::replace(&mut self.flags, Flags::Taken) {
+            Flags::Read { tasks, run } if !tasks.is_empty() || run => {
+                let ids: Vec<i64> = tasks.iter().map(|t| t.id.0).collect();
+                padded(
+                    sql(COMMIT_RESTORING)
+                        .bind(ids_json(&ids))
+                        .bind(self.key.clone())
+                        .bind(run),
+                )
+            }
+            _ => sql("COMMIT"),
+        };
+        self.conn.call(q).await?;
         let Self {
-            tx,
+            conn,
+            run,
             inner,
             wrote_outbox,
             settled,
             hold,
             ..
         } = self;
-        tx.commit().await.map_err(store_error)?;
+        drop(conn);
         drop(hold);
+        if settled {
+            // No attempt of a finished run reads its inputs again.
+            lock(&inner.inputs).forget(run.id);
+        }
         if wrote_outbox {
             inner.wakeups.wake(Topic::Publisher);
         }

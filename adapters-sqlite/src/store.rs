@@ -1,29 +1,94 @@
-//! The store handle: connection pools, migrations, and the SQL helpers that
-//! every write path shares (event rows, outbox rows).
+//! The store handle: its connections, migrations, and the one way every
+//! query reaches SQLite ([`Conn`]).
+//!
+//! Why no pool: with sqlx every statement is a round trip to the
+//! connection's own worker thread (tens of µs on a small, busy VM, most of
+//! it thread wake-ups), and a pool acquire costs more than that again. So the writer
+//! is ONE connection behind an async mutex, the readers a few connections
+//! each behind its own mutex, and every hot operation is ONE call holding
+//! all its statements (`BEGIN IMMEDIATE; …; COMMIT`), which sqlx-sqlite
+//! runs back to back on the worker thread.
+//!
+//! A call that opens a transaction may not finish it: a statement fails, a
+//! caller drops the future half-way, a pass is dropped without commit.
+//! Each slot therefore records that its connection may be inside a
+//! transaction (`needs_rollback`), set before every call and cleared once
+//! the call is known to have ended it; whoever finds it set issues
+//! `ROLLBACK` before anything else, so a write left behind is never
+//! committed by the next user's `COMMIT`.
 
 use std::collections::HashSet;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use flowforge_ports::{Clock, RunId, StoreError};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Sqlite, SqliteConnection, Transaction};
+use sqlx::sqlite::{SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqliteRow, SqliteSynchronous};
+use sqlx::{ConnectOptions, Connection, Sqlite, SqliteConnection};
+use tokio::sync::{OwnedMutexGuard, mpsc};
 
 use crate::convert::offset_ms;
 use crate::error::{migrate_error, store_error};
+use crate::inputs::InputCache;
 use crate::notify::Wakeups;
 
 /// How long a statement waits for another process's lock on the file.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a caller waits for the writer connection before `Unavailable`.
+/// How long a caller waits for a connection before `Unavailable`.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Read connections: reads run beside the writer in WAL mode.
-const READERS: u32 = 4;
+/// Read connections: reads run beside the writer in WAL mode. The loops of
+/// one process read at most this many at once (scheduler, publisher, two
+/// worker slots), so a reader is almost always free.
+const READERS: usize = 4;
 
-/// FlowForge's store over SQLite. Cheap to clone: clones share the pools,
-/// the clock and the wake-ups.
+/// Bytes per database page for a new file (SQLite's default is 4 096).
+const PAGE_SIZE: u32 = 1024;
+/// Bytes of the database file each connection maps (reads beyond it use
+/// ordinary I/O).
+const MMAP_SIZE: &str = "268435456";
+/// Write calls between two background checkpoints (a claim or finish adds
+/// six or seven pages to the WAL, so about 800 pages, close to SQLite's
+/// own threshold of 1 000: each checkpoint fsyncs twice, however little
+/// it copies).
+const CHECKPOINT_EVERY: u32 = 128;
+/// The writer's own automatic checkpoint, in WAL pages: only a safety net
+/// for a background checkpointer that cannot keep up (SQLite's default is
+/// 1 000 pages).
+const WRITER_AUTOCHECKPOINT: &str = "10000";
+/// Bytes the WAL file keeps when it restarts: checkpoints that run beside
+/// a busy writer rarely catch up with it, so a long burst grows the WAL
+/// further than SQLite's own checkpoints would; this gives the space back.
+const WAL_SIZE_LIMIT: &str = "67108864";
+
+/// NULLs bound after a multi-statement call's own values. sqlx numbers a
+/// statement's unused slots below its highest `?NNN` positionally, counting
+/// on from the slots of the statements before it; once that count passes
+/// the values bound it stops binding the statement, leaving its later
+/// `?NNN` NULL. Padding keeps every slot in range (`tests::padding_covers_every_call`
+/// checks each multi-statement SQL needs fewer).
+pub(crate) const PAD: usize = 8;
+
+/// A query as the store builds it: SQL text is always a `'static` constant,
+/// values are always bound.
+pub(crate) type Query = sqlx::query::Query<'static, Sqlite, SqliteArguments>;
+
+/// A `'static` SQL constant as a query (`&'static str` is SQL-safe to sqlx).
+pub(crate) fn sql(text: &'static str) -> Query {
+    sqlx::query(text)
+}
+
+/// Binds [`PAD`] NULLs after a multi-statement call's own values.
+pub(crate) fn padded(mut q: Query) -> Query {
+    for _ in 0..PAD {
+        q = q.bind(None::<i64>);
+    }
+    q
+}
+
+/// FlowForge's store over SQLite. Cheap to clone: clones share the
+/// connections, the clock and the wake-ups.
 #[derive(Clone)]
 pub struct SqliteStore {
     pub(crate) inner: Arc<Inner>,
@@ -31,9 +96,17 @@ pub struct SqliteStore {
 
 pub(crate) struct Inner {
     /// ONE connection: every write transaction queues here.
-    pub(crate) writer: SqlitePool,
+    pub(crate) writer: Arc<Slot>,
     /// Read-only queries (for `sqlite::memory:`, the writer itself).
-    pub(crate) reader: SqlitePool,
+    readers: Vec<Arc<Slot>>,
+    /// Which reader the next read waits for when all are busy.
+    next_reader: AtomicUsize,
+    /// Write calls so far, to pace the background checkpoints.
+    writes: AtomicU32,
+    /// Asks the background checkpointer for a checkpoint (file databases).
+    checkpoints: Option<mpsc::Sender<()>>,
+    /// The checkpointer's connection, closed with the others.
+    checkpointer: Option<Arc<Slot>>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) wakeups: Arc<Wakeups>,
     /// Runs whose scheduler pass is open in this process: a second
@@ -45,13 +118,14 @@ pub(crate) struct Inner {
     pub(crate) held_dispatches: Mutex<HashSet<i64>>,
     /// Serialises choosing rows for sweeps, so two sweeps never pick the same row.
     pub(crate) sweep_gate: tokio::sync::Mutex<()>,
+    /// Run inputs and succeeded outputs already read or written.
+    pub(crate) inputs: Mutex<InputCache>,
 }
 
 impl fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteStore")
-            .field("writer", &self.inner.writer)
-            .field("reader", &self.inner.reader)
+            .field("readers", &self.inner.readers.len())
             .field("clock_offset", &self.inner.clock.offset())
             .finish_non_exhaustive()
     }
@@ -83,78 +157,124 @@ impl SqliteStore {
             .map_err(|e| StoreError::Other(format!("invalid SQLite URL '{url}': {e}")))?
             .foreign_keys(true)
             .busy_timeout(BUSY_TIMEOUT);
-        let (writer, reader) = if is_memory(url) {
+        let (writer, readers, checkpointer) = if is_memory(url) {
             // An in-memory database dies with its last connection, and
             // shared-cache connections lock whole tables: one connection,
             // never recycled, serves reads and writes alike.
-            let pool = SqlitePoolOptions::new()
-                .max_connections(1)
-                .min_connections(1)
-                .idle_timeout(None)
-                .max_lifetime(None)
-                .acquire_timeout(ACQUIRE_TIMEOUT)
-                .test_before_acquire(false)
-                .connect_with(options)
-                .await
-                .map_err(store_error)?;
-            (pool.clone(), pool)
+            let conn = options.connect().await.map_err(store_error)?;
+            let writer = Arc::new(Slot::open(conn, None));
+            (writer.clone(), vec![writer], None)
         } else {
             let options = options
                 .create_if_missing(true)
                 .journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Normal);
+                .synchronous(SqliteSynchronous::Normal)
+                // Every write elsewhere empties a connection's page cache
+                // (WAL mode cannot tell which pages changed), so a reader
+                // re-reads each page it touches; mapped, those reads of
+                // the database file are memory reads instead of syscalls.
+                .pragma("mmap_size", MMAP_SIZE)
+                // A claim or a finish changes a few small entries on six or
+                // seven pages (the row, three indexes, the event and its
+                // index), and a commit writes each changed page whole to
+                // the WAL: smaller pages make every commit cheaper (the
+                // embedded benchmark's claim + finish: ~40% less time).
+                // Applied only when the file is created; bulky JSON (a
+                // definition, a large output) spills into more overflow
+                // pages, which only its rare reads pay for.
+                .page_size(PAGE_SIZE);
             if let Some(parent) = options.get_filename().parent()
                 && !parent.as_os_str().is_empty()
             {
                 std::fs::create_dir_all(parent)
                     .map_err(|e| StoreError::Unavailable(format!("cannot create folder {}: {e}", parent.display())))?;
             }
-            let writer = SqlitePoolOptions::new()
-                .max_connections(1)
-                .min_connections(1)
-                .idle_timeout(None)
-                .max_lifetime(None)
-                .acquire_timeout(ACQUIRE_TIMEOUT)
-                .test_before_acquire(false)
-                .connect_with(options.clone())
+            // A checkpoint run by a COMMIT copies up to a thousand pages and
+            // fsyncs twice: milliseconds on a small VM's disk, on the path
+            // of whichever claim or finish crossed the threshold. So the
+            // writer leaves checkpoints to a connection of their own.
+            let conn = options
+                .clone()
+                .pragma("wal_autocheckpoint", WRITER_AUTOCHECKPOINT)
+                .pragma("journal_size_limit", WAL_SIZE_LIMIT)
+                .connect()
                 .await
                 .map_err(store_error)?;
-            // Created after the writer switched the file to WAL.
-            let reader = SqlitePoolOptions::new()
-                .max_connections(READERS)
-                .min_connections(0)
-                .acquire_timeout(ACQUIRE_TIMEOUT)
-                .test_before_acquire(false)
-                .connect_lazy_with(options);
-            (writer, reader)
+            let writer = Arc::new(Slot::open(conn, None));
+            // Opened after the writer switched the file to WAL: by the
+            // warm-up below, or by their first use if that comes first.
+            let readers = (0..READERS).map(|_| Arc::new(Slot::lazy(options.clone()))).collect();
+            (writer, readers, Some(Arc::new(Slot::lazy(options))))
         };
+        let checkpoints = checkpointer.as_ref().map(|slot| {
+            // Capacity 1: a request made while one waits adds nothing.
+            let (tx, rx) = mpsc::channel(1);
+            tokio::spawn(checkpoint(slot.clone(), rx));
+            tx
+        });
         let store = Self {
             inner: Arc::new(Inner {
                 writer,
-                reader,
+                readers,
+                next_reader: AtomicUsize::new(0),
+                writes: AtomicU32::new(0),
+                checkpoints,
+                checkpointer,
                 clock,
                 wakeups: Arc::new(Wakeups::default()),
                 held_runs: Mutex::new(HashSet::new()),
                 held_dispatches: Mutex::new(HashSet::new()),
                 sweep_gate: tokio::sync::Mutex::new(()),
+                inputs: Mutex::new(InputCache::default()),
             }),
         };
         store.migrate().await?;
+        // Opening a connection takes a thread and a few milliseconds: open
+        // the others now, beside the caller, rather than in the middle of
+        // the first run's hops when reads first overlap.
+        let lazy: Vec<Arc<Slot>> = store
+            .inner
+            .readers
+            .iter()
+            .chain(&store.inner.checkpointer)
+            .filter(|slot| slot.options.is_some())
+            .cloned()
+            .collect();
+        if !lazy.is_empty() {
+            tokio::spawn(async move {
+                for slot in lazy {
+                    // A failure surfaces on the first real use instead.
+                    let _ = Conn::acquire(&slot).await;
+                }
+            });
+        }
         Ok(store)
     }
 
     /// Applies the embedded migrations (idempotent; `connect` already did).
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::migrate!("./migrations")
-            .run(&self.inner.writer)
-            .await
-            .map_err(migrate_error)
+        let mut conn = self.inner.write().await?;
+        let result = sqlx::migrate!("./migrations")
+            .run_direct(None, conn.raw()?, false)
+            .await;
+        result.map_err(migrate_error)
     }
 
-    /// Closes both pools, waiting for open connections to finish.
+    /// Closes every connection, waiting for calls in flight to finish;
+    /// later calls fail as `Unavailable`.
     pub async fn close(&self) {
-        self.inner.writer.close().await;
-        self.inner.reader.close().await;
+        let mut slots = vec![self.inner.writer.clone()];
+        slots.extend(self.inner.readers.iter().cloned());
+        slots.extend(self.inner.checkpointer.iter().cloned());
+        for slot in slots {
+            let mut state = slot.state.clone().lock_owned().await;
+            state.closed = true;
+            if let Some(conn) = state.conn.take() {
+                // A connection left inside a transaction rolls it back as
+                // SQLite closes it.
+                let _ = conn.close().await;
+            }
+        }
     }
 }
 
@@ -164,12 +284,244 @@ impl Inner {
         offset_ms(&*self.clock)
     }
 
-    /// Opens a write transaction on the writer connection.
-    pub(crate) async fn write(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
-        // IMMEDIATE takes the file's write lock at BEGIN: a writer in another
-        // process makes us wait there (busy timeout) instead of failing a
-        // read-to-write upgrade half-way through the transaction.
-        self.writer.begin_with("BEGIN IMMEDIATE").await.map_err(store_error)
+    /// The writer connection, exclusively, until the guard is dropped.
+    pub(crate) async fn write(&self) -> Result<Conn, StoreError> {
+        let conn = Conn::acquire(&self.writer).await?;
+        if let Some(checkpoints) = &self.checkpoints
+            && self.writes.fetch_add(1, Ordering::Relaxed) % CHECKPOINT_EVERY == CHECKPOINT_EVERY - 1
+        {
+            // Full: a checkpoint is already due, and will cover these pages.
+            let _ = checkpoints.try_send(());
+        }
+        Ok(conn)
+    }
+
+    /// A reader connection: the first free one, so a connection is opened
+    /// only when that many reads overlap; when all are busy, a wait on one
+    /// of them in turn.
+    pub(crate) async fn read(&self) -> Result<Conn, StoreError> {
+        for slot in &self.readers {
+            if let Ok(guard) = slot.state.clone().try_lock_owned() {
+                return Conn::ready(slot, guard).await;
+            }
+        }
+        let next = self.next_reader.fetch_add(1, Ordering::Relaxed) % self.readers.len();
+        Conn::acquire(&self.readers[next]).await
+    }
+}
+
+/// The background checkpointer: a PASSIVE checkpoint on its own
+/// connection whenever the writer asks, so WAL pages reach the database
+/// file beside the writer instead of inside one of its commits. It ends
+/// when the store is dropped (the sender goes) or closed.
+async fn checkpoint(slot: Arc<Slot>, mut requests: mpsc::Receiver<()>) {
+    while requests.recv().await.is_some() {
+        let Ok(mut conn) = Conn::acquire(&slot).await else {
+            return;
+        };
+        if let Err(e) = conn.call(sql("PRAGMA wal_checkpoint(PASSIVE)")).await {
+            // Another process's checkpoint, a busy file: the next request retries.
+            tracing::debug!(error = %e, "background WAL checkpoint failed");
+        }
+    }
+}
+
+/// One connection slot.
+pub(crate) struct Slot {
+    state: Arc<tokio::sync::Mutex<SlotState>>,
+    /// How to open the connection when it is first needed (readers, the
+    /// checkpointer); `None` for the writer, opened at connect.
+    options: Option<SqliteConnectOptions>,
+}
+
+struct SlotState {
+    conn: Option<SqliteConnection>,
+    /// The connection may be inside a transaction nobody will finish: the
+    /// next user rolls it back first.
+    needs_rollback: bool,
+    closed: bool,
+}
+
+impl Slot {
+    fn open(conn: SqliteConnection, options: Option<SqliteConnectOptions>) -> Self {
+        Self {
+            state: Arc::new(tokio::sync::Mutex::new(SlotState {
+                conn: Some(conn),
+                needs_rollback: false,
+                closed: false,
+            })),
+            options,
+        }
+    }
+
+    fn lazy(options: SqliteConnectOptions) -> Self {
+        Self {
+            state: Arc::new(tokio::sync::Mutex::new(SlotState {
+                conn: None,
+                needs_rollback: false,
+                closed: false,
+            })),
+            options: Some(options),
+        }
+    }
+}
+
+/// Exclusive use of one connection. An owned guard, so a scheduler pass can
+/// keep the writer across its calls.
+///
+/// Dropped while its connection may be inside a transaction (a pass not
+/// committed, a call abandoned half-way), it rolls back in a spawned task
+/// that keeps the connection until done, so the write lock on the file is
+/// given up at once and the next user finds a clean connection; without a
+/// runtime to spawn on, the slot stays marked and the next user rolls back.
+pub(crate) struct Conn {
+    guard: Option<OwnedMutexGuard<SlotState>>,
+}
+
+impl fmt::Debug for Conn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Conn").finish_non_exhaustive()
+    }
+}
+
+/// Why a call failed: the database's own error, or the store's.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    Sqlx(sqlx::Error),
+    Store(StoreError),
+}
+
+impl Failure {
+    pub(crate) fn into_store(self) -> StoreError {
+        match self {
+            Self::Sqlx(e) => store_error(e),
+            Self::Store(e) => e,
+        }
+    }
+}
+
+fn closed() -> StoreError {
+    StoreError::Unavailable("the database pool is closed".into())
+}
+
+impl Conn {
+    async fn acquire(slot: &Slot) -> Result<Self, StoreError> {
+        let guard = match slot.state.clone().try_lock_owned() {
+            Ok(guard) => guard,
+            Err(_) => tokio::time::timeout(ACQUIRE_TIMEOUT, slot.state.clone().lock_owned())
+                .await
+                .map_err(|_| StoreError::Unavailable("timed out waiting for a database connection".into()))?,
+        };
+        Self::ready(slot, guard).await
+    }
+
+    /// Opens a lazy connection and finishes what a previous user left.
+    async fn ready(slot: &Slot, guard: OwnedMutexGuard<SlotState>) -> Result<Self, StoreError> {
+        let mut conn = Self { guard: Some(guard) };
+        let state = conn.state();
+        if state.closed {
+            return Err(closed());
+        }
+        if state.conn.is_none() {
+            let Some(options) = &slot.options else {
+                return Err(closed());
+            };
+            state.conn = Some(options.connect().await.map_err(store_error)?);
+        }
+        if state.needs_rollback {
+            conn.rollback().await?;
+        }
+        Ok(conn)
+    }
+
+    fn state(&mut self) -> &mut SlotState {
+        // Present from construction until Drop takes it.
+        self.guard.as_mut().expect("a Conn holds its guard until dropped")
+    }
+
+    /// The connection itself, for sqlx APIs that take one (migrations).
+    pub(crate) fn raw(&mut self) -> Result<&mut SqliteConnection, StoreError> {
+        self.state().conn.as_mut().ok_or_else(closed)
+    }
+
+    /// Runs a call that leaves no transaction open when it succeeds (a
+    /// read, or a write from `BEGIN IMMEDIATE` to `COMMIT`) and returns the
+    /// rows of all its statements, in order. On failure it rolls back at
+    /// once, so the file's write lock is not held until the next user.
+    pub(crate) async fn call(&mut self, q: Query) -> Result<Vec<SqliteRow>, StoreError> {
+        self.call_sqlx(q).await.map_err(Failure::into_store)
+    }
+
+    /// [`Conn::call`], keeping sqlx's error for callers that tell kinds apart.
+    pub(crate) async fn call_sqlx(&mut self, q: Query) -> Result<Vec<SqliteRow>, Failure> {
+        let rows = self.open_call_sqlx(q).await?;
+        self.state().needs_rollback = false;
+        Ok(rows)
+    }
+
+    /// Runs a call that leaves its transaction open (a pass's statements):
+    /// the slot stays marked until [`Conn::call`] or [`Conn::rollback`]
+    /// ends it. On failure it rolls back at once.
+    pub(crate) async fn open_call(&mut self, q: Query) -> Result<Vec<SqliteRow>, StoreError> {
+        self.open_call_sqlx(q).await.map_err(Failure::into_store)
+    }
+
+    async fn open_call_sqlx(&mut self, q: Query) -> Result<Vec<SqliteRow>, Failure> {
+        let state = self.state();
+        state.needs_rollback = true;
+        let conn = state.conn.as_mut().ok_or_else(|| Failure::Store(closed()))?;
+        // `fetch_all`, never `fetch_optional`: it stops after the first row
+        // and would leave the call's later statements (COMMIT) unrun.
+        match q.fetch_all(conn).await {
+            Ok(rows) => Ok(rows),
+            Err(e) => {
+                // The original failure is what the caller needs; a failed
+                // rollback leaves the slot marked for the next user.
+                let _ = self.rollback().await;
+                Err(Failure::Sqlx(e))
+            }
+        }
+    }
+
+    /// Ends whatever transaction the connection is in, if any.
+    pub(crate) async fn rollback(&mut self) -> Result<(), StoreError> {
+        rollback(self.state()).await
+    }
+}
+
+async fn rollback(state: &mut SlotState) -> Result<(), StoreError> {
+    let Some(conn) = state.conn.as_mut() else {
+        // No connection: nothing can be open.
+        state.needs_rollback = false;
+        return Ok(());
+    };
+    match sqlx::query("ROLLBACK").execute(conn).await {
+        Ok(_) => {}
+        // The call it follows got as far as COMMIT, or failed before BEGIN.
+        Err(sqlx::Error::Database(db)) if db.message().contains("no transaction is active") => {}
+        Err(e) => return Err(store_error(e)),
+    }
+    state.needs_rollback = false;
+    Ok(())
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let Some(mut guard) = self.guard.take() else {
+            return;
+        };
+        if !guard.needs_rollback {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            // The guard moves into the task: nobody else uses the
+            // connection before the rollback has run.
+            runtime.spawn(async move {
+                if let Err(e) = rollback(&mut guard).await {
+                    tracing::warn!(error = %e, "rolling back an abandoned SQLite transaction failed; the next user retries");
+                }
+            });
+        }
     }
 }
 
@@ -187,97 +539,69 @@ pub(crate) fn ids_json(ids: &[i64]) -> String {
     s
 }
 
-/// One transition to record for a batch of task runs.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Edge<'a> {
-    pub(crate) transition: &'static str,
-    pub(crate) from: &'static str,
-    pub(crate) to: &'static str,
-    pub(crate) worker: Option<&'a str>,
-    pub(crate) error: Option<&'a str>,
+/// The rows of a multi-statement call that carry `tag` in their first
+/// column (each statement that returns rows tags them, so rows of
+/// different shapes can share one call).
+pub(crate) fn tagged(rows: &[SqliteRow], tag: i64) -> impl Iterator<Item = &SqliteRow> {
+    use sqlx::Row;
+    rows.iter().filter(move |r| r.try_get::<i64, _>(0).ok() == Some(tag))
 }
 
-impl<'a> Edge<'a> {
-    pub(crate) fn new(transition: &'static str, from: &'static str, to: &'static str) -> Self {
-        Self {
-            transition,
-            from,
-            to,
-            worker: None,
-            error: None,
+#[cfg(test)]
+mod tests {
+    use super::PAD;
+
+    /// How many slots of a multi-statement SQL text sqlx numbers
+    /// positionally: per statement, the unused numbers below its highest
+    /// `?NNN`.
+    pub(crate) fn positional_slots(sql: &str) -> usize {
+        sql.split(';')
+            .map(|statement| {
+                let mut used = std::collections::BTreeSet::new();
+                let bytes = statement.as_bytes();
+                let mut i = 0;
+                while i < bytes.len() {
+                    if bytes[i] == b'?' {
+                        let digits: String = statement[i + 1..].chars().take_while(char::is_ascii_digit).collect();
+                        if let Ok(n) = digits.parse::<usize>() {
+                            used.insert(n);
+                        }
+                    }
+                    i += 1;
+                }
+                used.last().map_or(0, |max| max - used.len())
+            })
+            .sum()
+    }
+
+    /// Why the padding: a statement's unused slots below its highest
+    /// `?NNN` are numbered on from the statements before it, and once past
+    /// the values bound, sqlx stops binding that statement.
+    #[tokio::test]
+    async fn numbered_parameters_bind_across_statements_only_when_padded() {
+        use sqlx::{ConnectOptions, Row};
+        let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+            .in_memory(true)
+            .connect()
+            .await
+            .expect("connect");
+        const SQL: &str = "SELECT ?3; SELECT ?3; SELECT ?3; SELECT ?1";
+        assert_eq!(positional_slots(SQL), 6);
+        let values = |rows: Vec<sqlx::sqlite::SqliteRow>| -> Vec<Option<i64>> {
+            rows.iter().map(|r| r.try_get(0).expect("a value")).collect()
+        };
+        let q = || super::sql(SQL).bind(1_i64).bind(2_i64).bind(3_i64);
+        let bare = values(q().fetch_all(&mut conn).await.expect("bare"));
+        assert_ne!(bare, [Some(3), Some(3), Some(3), Some(1)], "unpadded binds go astray");
+        let padded = values(super::padded(q()).fetch_all(&mut conn).await.expect("padded"));
+        assert_eq!(padded, [Some(3), Some(3), Some(3), Some(1)]);
+    }
+
+    #[test]
+    fn padding_covers_every_call() {
+        for (name, sql) in crate::multi_statement_calls() {
+            let needed = positional_slots(sql);
+            assert!(needed < PAD, "{name} needs {needed} padding slots, PAD is {PAD}");
         }
     }
-
-    pub(crate) fn worker(self, worker: Option<&'a str>) -> Self {
-        Self { worker, ..self }
-    }
-
-    pub(crate) fn error(self, error: Option<&'a str>) -> Self {
-        Self { error, ..self }
-    }
-}
-
-/// Writes one event row per task run in `ids` (which an UPDATE has just
-/// moved along `edge`), with the rows' current attempt and token — the
-/// values after the transition. One statement for the whole batch.
-pub(crate) async fn record(
-    conn: &mut SqliteConnection,
-    offset: i64,
-    ids: &[i64],
-    edge: Edge<'_>,
-) -> Result<(), StoreError> {
-    if ids.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(concat!(
-        "INSERT INTO task_run_event (id, task_run_id, run_id, task_key, transition, from_state, to_state, attempt, \
-         fencing_token, worker, at, error) SELECT ",
-        next_event_id!(),
-        " + ROW_NUMBER() OVER (ORDER BY id), id, run_id, task_key, ?3, ?4, ?5, attempt, fencing_token, ?6, ",
-        now!(),
-        ", ?7 FROM task_run WHERE id IN (SELECT value FROM json_each(?2)) ORDER BY id"
-    ))
-    .bind(offset)
-    .bind(ids_json(ids))
-    .bind(edge.transition)
-    .bind(edge.from)
-    .bind(edge.to)
-    .bind(edge.worker)
-    .bind(edge.error)
-    .execute(conn)
-    .await
-    .map_err(store_error)?;
-    Ok(())
-}
-
-/// Writes the outbox row of each task run in `ids`, which has just become
-/// ready at its current token (decision 9). One statement for the batch.
-pub(crate) async fn dispatch(conn: &mut SqliteConnection, offset: i64, ids: &[i64]) -> Result<(), StoreError> {
-    if ids.is_empty() {
-        return Ok(());
-    }
-    let written = sqlx::query(concat!(
-        "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
-         SELECT tr.id, tr.run_id, tr.task_key, t.task_type, tr.fencing_token, ",
-        now!(),
-        " FROM task_run tr \
-         JOIN workflow_run r ON r.id = tr.run_id \
-         JOIN task t ON t.workflow_id = r.workflow_id AND t.key = tr.task_key \
-         WHERE tr.id IN (SELECT value FROM json_each(?2)) ORDER BY tr.id"
-    ))
-    .bind(offset)
-    .bind(ids_json(ids))
-    .execute(conn)
-    .await
-    .map_err(store_error)?
-    .rows_affected();
-    if usize::try_from(written).ok() != Some(ids.len()) {
-        // A ready row without a dispatch would never run; refuse to commit it.
-        return Err(StoreError::Corrupt(format!(
-            "{} of {} task runs made ready have no task row to dispatch from",
-            ids.len().saturating_sub(usize::try_from(written).unwrap_or(0)),
-            ids.len()
-        )));
-    }
-    Ok(())
 }

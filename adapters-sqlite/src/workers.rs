@@ -7,8 +7,39 @@ use std::time::Duration;
 use flowforge_ports::{StoreError, WorkerId, WorkerInfo, WorkerRegistration, WorkerRegistry};
 
 use crate::convert::{duration_ms, json, opt_time, time, u32_of};
-use crate::error::{DecodeError, store_error};
-use crate::store::SqliteStore;
+use crate::error::DecodeError;
+use crate::runs::{col, decode};
+use crate::store::{SqliteStore, padded, sql};
+
+/// register_worker in one call: a re-registration refreshes everything but
+/// the first start. `?2` id, `?3` host, `?4` pid, `?5` task types, `?6` concurrency.
+pub(crate) const REGISTER: &str = concat!(
+    "BEGIN IMMEDIATE; \
+     INSERT INTO worker (id, host, pid, task_types, concurrency, started_at, last_seen_at) \
+     VALUES (?2, ?3, ?4, ?5, ?6, ",
+    now!(),
+    ", ",
+    now!(),
+    ") ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid, \
+     task_types = excluded.task_types, concurrency = excluded.concurrency, \
+     last_seen_at = excluded.last_seen_at, stopped_at = NULL; COMMIT"
+);
+
+/// touch_worker in one call. `?2` id.
+pub(crate) const TOUCH: &str = concat!(
+    "BEGIN IMMEDIATE; UPDATE worker SET last_seen_at = ",
+    now!(),
+    " WHERE id = ?2; COMMIT"
+);
+
+/// deregister_worker in one call. `?2` id.
+pub(crate) const DEREGISTER: &str = concat!(
+    "BEGIN IMMEDIATE; UPDATE worker SET stopped_at = ",
+    now!(),
+    ", last_seen_at = ",
+    now!(),
+    " WHERE id = ?2; COMMIT"
+);
 
 #[derive(Debug, sqlx::FromRow)]
 struct WorkerRow {
@@ -47,85 +78,71 @@ impl WorkerRegistry for SqliteStore {
         let types: BTreeSet<&str> = worker.task_types.iter().map(String::as_str).collect();
         let types = serde_json::to_string(&types).map_err(|e| StoreError::Other(e.to_string()))?;
         let offset = self.inner.offset();
-        let mut tx = self.inner.write().await?;
-        // A re-registration refreshes everything but the first start.
-        sqlx::query(concat!(
-            "INSERT INTO worker (id, host, pid, task_types, concurrency, started_at, last_seen_at) \
-             VALUES (?2, ?3, ?4, ?5, ?6, ",
-            now!(),
-            ", ",
-            now!(),
-            ") ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid, \
-             task_types = excluded.task_types, concurrency = excluded.concurrency, \
-             last_seen_at = excluded.last_seen_at, stopped_at = NULL"
-        ))
-        .bind(offset)
-        .bind(&worker.id.0)
-        .bind(&worker.host)
-        .bind(i64::from(worker.pid))
-        .bind(&types)
-        .bind(i64::from(worker.concurrency))
-        .execute(&mut *tx)
-        .await
-        .map_err(store_error)?;
-        tx.commit().await.map_err(store_error)
+        self.inner
+            .write()
+            .await?
+            .call(padded(
+                sql(REGISTER)
+                    .bind(offset)
+                    .bind(worker.id.0.clone())
+                    .bind(worker.host.clone())
+                    .bind(i64::from(worker.pid))
+                    .bind(types)
+                    .bind(i64::from(worker.concurrency)),
+            ))
+            .await?;
+        Ok(())
     }
 
     async fn touch_worker(&self, id: &WorkerId) -> Result<(), StoreError> {
         let offset = self.inner.offset();
-        let mut tx = self.inner.write().await?;
-        sqlx::query(concat!("UPDATE worker SET last_seen_at = ", now!(), " WHERE id = ?2"))
-            .bind(offset)
-            .bind(&id.0)
-            .execute(&mut *tx)
-            .await
-            .map_err(store_error)?;
-        tx.commit().await.map_err(store_error)
+        self.inner
+            .write()
+            .await?
+            .call(padded(sql(TOUCH).bind(offset).bind(id.0.clone())))
+            .await?;
+        Ok(())
     }
 
     async fn deregister_worker(&self, id: &WorkerId) -> Result<(), StoreError> {
         let offset = self.inner.offset();
-        let mut tx = self.inner.write().await?;
-        sqlx::query(concat!(
-            "UPDATE worker SET stopped_at = ",
-            now!(),
-            ", last_seen_at = ",
-            now!(),
-            " WHERE id = ?2"
-        ))
-        .bind(offset)
-        .bind(&id.0)
-        .execute(&mut *tx)
-        .await
-        .map_err(store_error)?;
-        tx.commit().await.map_err(store_error)
+        self.inner
+            .write()
+            .await?
+            .call(padded(sql(DEREGISTER).bind(offset).bind(id.0.clone())))
+            .await?;
+        Ok(())
     }
 
     async fn list_workers(&self) -> Result<Vec<WorkerInfo>, StoreError> {
-        let rows: Vec<WorkerRow> = sqlx::query_as(
-            "SELECT id, host, pid, task_types, concurrency, started_at, last_seen_at, stopped_at FROM worker \
-             ORDER BY last_seen_at DESC, id",
-        )
-        .fetch_all(&self.inner.reader)
-        .await
-        .map_err(store_error)?;
-        rows.into_iter()
-            .map(|r| r.into_info().map_err(StoreError::from))
-            .collect()
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(sql(
+                "SELECT id, host, pid, task_types, concurrency, started_at, last_seen_at, stopped_at FROM worker \
+                 ORDER BY last_seen_at DESC, id",
+            ))
+            .await?;
+        rows.iter().map(|r| Ok(decode::<WorkerRow>(r)?.into_info()?)).collect()
     }
 
     async fn live_task_types(&self, within: Duration) -> Result<BTreeSet<String>, StoreError> {
-        let types: Vec<String> = sqlx::query_scalar(concat!(
-            "SELECT DISTINCT j.value FROM worker AS w, json_each(w.task_types) AS j \
-             WHERE w.stopped_at IS NULL AND w.last_seen_at >= ",
-            now!(),
-            " - ?2"
-        ))
-        .bind(self.inner.offset())
-        .bind(duration_ms(within))
-        .fetch_all(&self.inner.reader)
-        .await
-        .map_err(store_error)?;
-        Ok(types.into_iter().collect())
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(
+                sql(concat!(
+                    "SELECT DISTINCT j.value FROM worker AS w, json_each(w.task_types) AS j \
+                     WHERE w.stopped_at IS NULL AND w.last_seen_at >= ",
+                    now!(),
+                    " - ?2"
+                ))
+                .bind(self.inner.offset())
+                .bind(duration_ms(within)),
+            )
+            .await?;
+        rows.iter().map(|r| col::<String>(r, 0)).collect()
     }
 }

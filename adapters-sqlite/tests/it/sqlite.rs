@@ -1,7 +1,11 @@
 //! What only the SQLite store has: its URLs, its file handling, its schema's
 //! constraints probed with raw SQL, re-validation of rows corrupted behind
-//! the store's back, and two stores (as two processes would) on one file.
+//! the store's back, two stores (as two processes would) on one file, and
+//! how it keeps its few connections clean and its calls few (transactions
+//! failed or abandoned half-way, the flags a pass reads ahead, the task
+//! inputs it remembers).
 
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -320,6 +324,12 @@ async fn a_file_in_a_missing_folder_is_created_with_its_folder() {
         .await
         .expect("pragma");
     assert_eq!(mode, "wal");
+    // Small pages keep each commit's WAL frames small (see `store.rs`).
+    let page_size: i64 = sqlx::query_scalar("PRAGMA page_size")
+        .fetch_one(&mut conn)
+        .await
+        .expect("pragma");
+    assert_eq!(page_size, 1024);
     conn.close().await.expect("close");
 }
 
@@ -425,4 +435,264 @@ async fn store_time_follows_the_clock_offset() {
         claim.lease_expires_at
     );
     assert!(a.created_at < claim.lease_expires_at - chrono::TimeDelta::days(2));
+}
+
+async fn run_chain(store: &SqliteStore) -> flowforge_ports::RunId {
+    let published = store.publish_definition(&definition(chain())).await.expect("publish");
+    store.start_run(published.id, json!({"in": 1})).await.expect("start")
+}
+
+async fn task(store: &SqliteStore, run: flowforge_ports::RunId, key: &str) -> flowforge_ports::TaskRunView {
+    store
+        .get_run(run)
+        .await
+        .expect("get_run")
+        .expect("exists")
+        .tasks
+        .into_iter()
+        .find(|t| t.key == key)
+        .expect("the task run")
+}
+
+/// `begin_pass` reads and clears the flags in its first call; a pass
+/// committed without taking them leaves them set, as if never read.
+#[tokio::test]
+async fn a_pass_committed_without_taking_its_flags_leaves_them() {
+    let factory = SqliteFactory::default();
+    let store = open(&factory.path()).await;
+    let run = run_chain(&store).await;
+    let a = task(&store, run, "a").await;
+    let w = WorkerId("w".into());
+    let claim = store
+        .claim_task_run(a.id, a.token, &w, Duration::from_secs(300))
+        .await
+        .expect("claim")
+        .expect("won");
+    store
+        .finish_task_run(
+            a.id,
+            claim.token,
+            &w,
+            flowforge_ports::TaskOutcome::Succeeded { output: json!(1) },
+        )
+        .await
+        .expect("finish");
+    let pass = store.begin_pass(run).await.expect("begin_pass").expect("free");
+    pass.commit().await.expect("commit");
+    assert_eq!(
+        store
+            .runs_with_work(flowforge_ports::Scope::All, 10)
+            .await
+            .expect("runs_with_work"),
+        [run]
+    );
+    let mut pass = store.begin_pass(run).await.expect("begin_pass").expect("free");
+    let flagged = pass.take_flagged().await.expect("take_flagged");
+    assert_eq!(flagged.len(), 1);
+    assert_eq!(
+        (flagged[0].key.as_str(), flagged[0].state),
+        ("a", TaskRunState::Succeeded)
+    );
+    pass.commit().await.expect("commit");
+    assert!(
+        store
+            .runs_with_work(flowforge_ports::Scope::All, 10)
+            .await
+            .expect("runs_with_work")
+            .is_empty()
+    );
+}
+
+/// A flagged row that the pass itself changed before `take_flagged` is
+/// reported as it is now, not as `begin_pass` read it.
+#[tokio::test]
+async fn take_flagged_after_a_change_reports_the_rows_as_they_are() {
+    let factory = SqliteFactory::default();
+    let manual = Arc::new(ManualClock::default());
+    let store = SqliteStore::connect(&format!("sqlite://{}", factory.path().display()), manual.clone())
+        .await
+        .expect("connect");
+    let def = definition(json!({"name": "retried", "version": 1, "tasks": [
+        {"key": "a", "task_type": "noop", "retry": {"max_attempts": 3}},
+        {"key": "b", "task_type": "noop", "depends_on": ["a"]}
+    ]}));
+    let published = store.publish_definition(&def).await.expect("publish");
+    let run = store.start_run(published.id, json!({})).await.expect("start");
+    let a = task(&store, run, "a").await;
+    // The first claim while the run is pending flags the row; the reaper
+    // then puts it back to ready, flag kept.
+    store
+        .claim_task_run(a.id, a.token, &WorkerId("w".into()), Duration::from_secs(1))
+        .await
+        .expect("claim")
+        .expect("won");
+    manual.advance(Duration::from_secs(5));
+    let reaped = store
+        .reap_expired_leases(flowforge_ports::Scope::All, 10)
+        .await
+        .expect("reap");
+    assert_eq!(reaped.len(), 1);
+    let mut pass = store.begin_pass(run).await.expect("begin_pass").expect("free");
+    assert_eq!(pass.cancel_waiting().await.expect("cancel_waiting"), ["a", "b"]);
+    let flagged = pass.take_flagged().await.expect("take_flagged");
+    assert_eq!(flagged.len(), 1);
+    assert_eq!(
+        (flagged[0].key.as_str(), flagged[0].state, flagged[0].cancel_reason),
+        ("a", TaskRunState::Cancelled, Some(flowforge_domain::CancelReason::User))
+    );
+    assert!(pass.take_flagged().await.expect("again").is_empty());
+}
+
+/// A statement that fails inside a pass rolls the whole pass back at once:
+/// nothing it did survives, later calls and the commit fail, and the
+/// writer is free for the next caller.
+#[tokio::test]
+async fn a_failed_pass_call_rolls_back_and_ends_the_pass() {
+    let factory = SqliteFactory::default();
+    let path = factory.path();
+    let store = open(&path).await;
+    let run = run_chain(&store).await;
+    let mut conn = raw(&path).await;
+    exec(&mut conn, "PRAGMA foreign_keys = OFF").await.expect("pragma");
+    exec(&mut conn, "DELETE FROM task WHERE key = 'b'")
+        .await
+        .expect("the manual edit");
+    let mut pass = store.begin_pass(run).await.expect("begin_pass").expect("free");
+    assert!(
+        pass.transition_run(flowforge_domain::RunTransition::Start)
+            .await
+            .expect("start")
+    );
+    match pass.satisfy_dependencies(&[("b".into(), 1)]).await {
+        Err(StoreError::Corrupt(message)) => assert!(message.contains("no task row"), "{message}"),
+        other => panic!("a ready row without a dispatch must not be written, got {other:?}"),
+    }
+    assert!(pass.activity().await.is_err(), "the pass is over");
+    assert!(pass.commit().await.is_err(), "nothing to commit");
+    let detail = store.get_run(run).await.expect("get_run").expect("exists");
+    assert_eq!(detail.summary.state, flowforge_domain::RunState::Pending, "rolled back");
+    assert_eq!(task(&store, run, "b").await.state, TaskRunState::Pending);
+    let a = task(&store, run, "a").await;
+    assert!(
+        store
+            .claim_task_run(a.id, a.token, &WorkerId("w".into()), Duration::from_secs(300))
+            .await
+            .expect("the writer is free")
+            .is_some()
+    );
+}
+
+/// A write abandoned half-way (its future dropped while SQLite runs it)
+/// leaves no transaction behind: it happened entirely or not at all, and
+/// the next write — this process's or another's — proceeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_write_is_rolled_back_before_the_next() {
+    let factory = SqliteFactory::default();
+    let path = factory.path();
+    let store = open(&path).await;
+    let tasks: Vec<Value> = (0..20)
+        .map(|i| json!({"key": format!("t{i}"), "task_type": "noop"}))
+        .collect();
+    let published = store
+        .publish_definition(&definition(json!({"name": "wide", "version": 1, "tasks": tasks})))
+        .await
+        .expect("publish");
+    let run = store.start_run(published.id, json!({})).await.expect("start");
+    let rows = store.get_run(run).await.expect("get_run").expect("exists").tasks;
+    let w = WorkerId("w".into());
+    let mut abandoned = 0;
+    for (i, t) in rows.iter().enumerate() {
+        // Polled once (the call is sent), then dropped while SQLite is at a
+        // point that varies with the pause.
+        let mut claim = Box::pin(store.claim_task_run(t.id, t.token, &w, Duration::from_secs(300)));
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(claim.as_mut().poll(cx))).await;
+        std::thread::sleep(Duration::from_micros(u64::try_from(i).expect("small") * 15));
+        abandoned += usize::from(first.is_pending());
+        drop(claim);
+    }
+    assert!(abandoned > 0, "no write was abandoned");
+    let detail = store.get_run(run).await.expect("get_run").expect("exists");
+    for t in &detail.tasks {
+        let claimed = detail
+            .events
+            .iter()
+            .any(|e| e.task.as_deref() == Some(t.key.as_str()) && e.transition == "claim");
+        assert_eq!(
+            t.state == TaskRunState::Running,
+            claimed,
+            "{}: a claim is its UPDATE and its event, or nothing",
+            t.key
+        );
+        if t.state == TaskRunState::Ready {
+            assert!(
+                store
+                    .claim_task_run(t.id, t.token, &w, Duration::from_secs(300))
+                    .await
+                    .expect("claim")
+                    .is_some()
+            );
+        }
+    }
+    // Another connection can take the write lock: nothing holds it.
+    let mut conn = raw(&path).await;
+    exec(&mut conn, "BEGIN IMMEDIATE")
+        .await
+        .expect("the file's write lock is free");
+    exec(&mut conn, "COMMIT").await.expect("commit");
+}
+
+/// On one in-memory connection, a dropped pass is rolled back before any
+/// other use of the connection, reads included.
+#[tokio::test]
+async fn a_dropped_pass_is_rolled_back_before_a_read_on_a_memory_database() {
+    let store = SqliteStore::connect("sqlite::memory:", clock()).await.expect("connect");
+    let run = run_chain(&store).await;
+    let mut pass = store.begin_pass(run).await.expect("begin_pass").expect("free");
+    assert!(
+        pass.transition_run(flowforge_domain::RunTransition::Start)
+            .await
+            .expect("start")
+    );
+    drop(pass);
+    let detail = store.get_run(run).await.expect("get_run").expect("exists");
+    assert_eq!(detail.summary.state, flowforge_domain::RunState::Pending);
+    assert!(store.begin_pass(run).await.expect("begin_pass").is_some());
+}
+
+/// `task_inputs` answers from what this store already wrote or read; a
+/// store with nothing in memory reads the database, and both agree.
+#[tokio::test]
+async fn task_inputs_agree_from_memory_and_from_the_database() {
+    let factory = SqliteFactory::default();
+    let path = factory.path();
+    let store = open(&path).await;
+    let run = run_chain(&store).await;
+    let w = WorkerId("w".into());
+    let a = task(&store, run, "a").await;
+    let claim = store
+        .claim_task_run(a.id, a.token, &w, Duration::from_secs(300))
+        .await
+        .expect("claim")
+        .expect("won");
+    let output = json!({"z": [1.5, -2, "ü"], "a": {"nested": null}});
+    store
+        .finish_task_run(
+            a.id,
+            claim.token,
+            &w,
+            flowforge_ports::TaskOutcome::Succeeded { output: output.clone() },
+        )
+        .await
+        .expect("finish");
+    let keys = ["a".to_owned()];
+    let remembered = store.task_inputs(run, &keys).await.expect("task_inputs");
+    let fresh = open(&path).await;
+    let read = fresh.task_inputs(run, &keys).await.expect("task_inputs");
+    assert_eq!(remembered, read);
+    assert_eq!(read.outputs.get("a"), Some(&output));
+    assert_eq!(read.run_input, json!({"in": 1}));
+    // Its read is remembered too, and still agrees.
+    assert_eq!(fresh.task_inputs(run, &keys).await.expect("task_inputs"), read);
+    let missing = store.task_inputs(run, &["b".to_owned()]).await.expect("task_inputs");
+    assert!(missing.outputs.is_empty(), "b has not succeeded");
 }
