@@ -339,7 +339,9 @@ pub const REAP: &str = concat!(
     ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
     RETURNING id
 )
-SELECT id, run_id, task_key, state, cancel_requested, (SELECT count(*) FROM dispatched) AS dispatched
+SELECT id, run_id, task_key, state, cancel_requested, (SELECT count(*) FROM dispatched) AS dispatched,
+       CASE WHEN state = 'ready' THEN attempt - 1 ELSE attempt END AS lost_attempt,
+       fencing_token - 1 AS lost_token
 FROM reaped ORDER BY id"
 );
 

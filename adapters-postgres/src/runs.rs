@@ -42,6 +42,8 @@ struct ReapRow {
     state: String,
     cancel_requested: bool,
     dispatched: i64,
+    lost_attempt: i32,
+    lost_token: i64,
 }
 
 fn scope_run(scope: Scope) -> Option<Uuid> {
@@ -371,6 +373,8 @@ impl RunStore for PgStore {
                         TaskTransition::ReapLeaseFinal
                     },
                     cancelled: cancelled.contains(&r.id),
+                    attempt: u32::try_from(r.lost_attempt).unwrap_or(u32::MAX),
+                    token: r.lost_token,
                 })
             })
             .collect()

@@ -151,6 +151,7 @@ struct ExpiredRow {
     id: i64,
     run_id: String,
     task_key: String,
+    attempt: i64,
     fencing_token: i64,
     lease_expires_at: i64,
 }
@@ -362,7 +363,7 @@ pub(crate) const START_CALL: &str = concat!(
 /// reap_expired_leases: the expired leases (`taskrun_lease_expiry_idx`),
 /// read outside the write; the write re-checks each row.
 pub(crate) const EXPIRED_LEASES: &str = concat!(
-    "SELECT tr.id, tr.run_id, tr.task_key, tr.fencing_token, tr.lease_expires_at \
+    "SELECT tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.lease_expires_at \
              FROM task_run tr \
              JOIN workflow_run r ON r.id = tr.run_id \
              JOIN task t ON t.workflow_id = r.workflow_id AND t.key = tr.task_key \
@@ -870,6 +871,8 @@ impl RunStore for SqliteStore {
                 task_key: row.task_key,
                 transition,
                 cancelled,
+                attempt: u32::try_from(row.attempt).unwrap_or(u32::MAX),
+                token: row.fencing_token,
             });
         }
         if reaped.is_empty() {

@@ -113,7 +113,10 @@ impl<S: Store> Scheduler<S> {
         };
         report.reaped = reaped.len();
         for r in &reaped {
-            tracing::warn!(run_id = %r.run_id, task_key = %r.task_key, transition = %r.transition, cancelled = r.cancelled, "lease expired; task run reaped");
+            tracing::warn!(
+                run_id = %r.run_id, task_key = %r.task_key, attempt = r.attempt, token = r.token,
+                transition = %r.transition, cancelled = r.cancelled, "lease expired; task run reaped"
+            );
             if r.transition == TaskTransition::ReapLeaseFinal {
                 self.reaped_for_good(r.run_id, &r.task_key).await;
             }
@@ -327,6 +330,13 @@ impl<S: Store> Scheduler<S> {
                     }
                 }
             }
+            // Work already announced (a task finished while this pass ran):
+            // go again at once, without asking for the next deadline.
+            let mut wake = std::pin::pin!(notifier.notified(Topic::Scheduler));
+            if futures_util::FutureExt::now_or_never(wake.as_mut()).is_some() {
+                timer_fired = false;
+                continue;
+            }
             let deadline = match self.store.next_deadline(self.config.scope).await {
                 Ok(d) => d.unwrap_or(self.config.safety_net).min(self.config.safety_net),
                 Err(e) => {
@@ -345,7 +355,7 @@ impl<S: Store> Scheduler<S> {
             let sleep = (deadline + Duration::from_millis(2)).max(floor);
             timer_fired = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
-                () = notifier.notified(Topic::Scheduler) => false,
+                () = wake => false,
                 () = tokio::time::sleep(sleep) => true,
             };
         }

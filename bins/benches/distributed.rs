@@ -6,16 +6,19 @@
 //! Prints one JSON object per scenario; `cargo xtask bench distributed`
 //! runs it and writes the figures down.
 //!
-//! * `dist_fanout`: a 9 998-wide fan-out/fan-in (10 000 tasks), tasks/s.
+//! * `dist_fanout`: a 9 998-wide fan-out/fan-in (10 000 tasks), tasks/s,
+//!   with the CPU each part spent per task (our processes, the PostgreSQL
+//!   backends grouped by the process they serve, the broker) from `/proc`.
 //! * `dist_chain`: a 1 000-deep chain; per-hop latency p50/p99 from the
 //!   predecessor's `succeed` event to the successor's `claim` event (both
 //!   stored with the database's microsecond clock), with the hop split at
 //!   the scheduler's promotion and the dispatch's `published_at`.
 //! * `dist_chain40`: the 40-task chain, wall time from start_run to the
 //!   wait returning (median of 5).
-//! * `dist_concurrent`: 100 concurrent runs of a 40-task DAG, tasks/s.
+//! * `dist_concurrent`: 100 concurrent runs of a 40-task DAG, tasks/s,
+//!   with the same CPU accounting.
 //!
-//! And, from the same run, measured before the processes start:
+//! And, from the same run, measured while the processes are not running:
 //!
 //! * `rabbit_confirms`: confirmed publishes/s to a quorum queue through
 //!   `RabbitPublisher`, one at a time (batches of 1) and 100 in flight.
@@ -24,11 +27,14 @@
 //! * `hop_floor`: the latencies on a hop's path, each measured alone and
 //!   in sequence with nothing to wait for — finish commit, scheduler pass
 //!   commit, outbox sweep (its SQL and commit, and the publish + confirm),
-//!   claim commit — their sum, and how close the chain's p50 hop comes.
+//!   claim commit — their sum, and how close the chain's p50 hop comes
+//!   (measured before the processes start and after they stop; the lower
+//!   median of each step counts).
 //!
 //! Usage: `cargo bench -p flowforge-bins --bench distributed -- [fanout]
 //! [chain] [chain40] [concurrent]` (all when none given; the ceilings
 //! always run). Environment: `BENCH_SECS` (pgbench window, default 10),
+//! `BENCH_WORKER_CONCURRENCY` (default: CPUs),
 //! `AMQP_URL` (default amqp://guest:guest@127.0.0.1:5672/%2f), `PGHOST`,
 //! `PGPORT`, `PGUSER`. The database `ff_bench_<random>` and the queues
 //! `ff_bench_<random>*` are dropped/deleted at the end, and the processes
@@ -827,9 +833,20 @@ fn hop_floor_value(floor: &Floor, pgbench_latency_ms: f64, confirm_ms: f64, hop_
     if let Some(p50) = hop_p50 {
         value["hop_ms_p50"] = json!(round(p50, 3));
         value["ratio"] = json!(round(p50 / sum, 3));
+        let tail = if p50 >= within {
+            format!(
+                "the other {:.3} ms are the wake-ups (NOTIFY → LISTEN → loop), the loops' own queries and the \
+                 broker's delivery",
+                p50 - within
+            )
+        } else {
+            "below the floor within the hop: the components were measured at other moments of a noisy machine, and \
+             each includes its NOTIFY round trip after the commit, which the next process does not wait for"
+                .to_owned()
+        };
         notes.push_str(&format!(
-            " The chain's measured p50 hop, {p50:.3} ms, is {:.2}× this floor ({:.2}× the floor within the hop); \
-             the rest is wake-ups (NOTIFY → LISTEN → loop), the loops' own queries and the broker's delivery.",
+            " The chain's measured p50 hop, {p50:.3} ms, is {:.2}× this floor ({:.2}× the floor within the hop): \
+             {tail}.",
             p50 / sum,
             p50 / within
         ));

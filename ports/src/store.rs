@@ -263,6 +263,10 @@ pub struct Reaped {
     pub transition: TaskTransition,
     /// Whether it was then cancelled because the run is cancel-requested.
     pub cancelled: bool,
+    /// The attempt whose lease expired.
+    pub attempt: u32,
+    /// The fencing token that attempt held (now stale).
+    pub token: i64,
 }
 
 /// The outcome of a cancel request.
