@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use crate::error::store_error;
 use crate::queries;
+use crate::runs::scope_runs;
 use crate::store::PgStore;
 
 #[derive(Debug, sqlx::FromRow)]
@@ -59,13 +60,9 @@ impl OutboxStore for PgStore {
         // A sweep this process dropped may still hold its rows' locks.
         self.inner.rollbacks.settled().await;
         let mut tx = self.inner.pool.begin().await.map_err(store_error)?;
-        let run = match scope {
-            Scope::All => None,
-            Scope::Run(run) => Some(run.0),
-        };
         let rows: Vec<OutboxRow> = sqlx::query_as(queries::SWEEP)
             .bind(i64::from(limit))
-            .bind(run)
+            .bind(scope_runs(&scope))
             .fetch_all(&mut *tx)
             .await
             .map_err(store_error)?;

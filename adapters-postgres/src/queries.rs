@@ -298,7 +298,7 @@ pub const REAP: &str = concat!(
     WHERE tr.state = 'running' AND tr.lease_expires_at < ",
     now!(),
     "
-      AND ($3::uuid IS NULL OR tr.run_id = $3)
+      AND ($3::uuid[] IS NULL OR tr.run_id = ANY($3))
     ORDER BY tr.lease_expires_at
     LIMIT $2
 ), reaped AS (
@@ -377,14 +377,14 @@ pub const NOTIFY: &str = "SELECT count(pg_notify(c, $2)::text) FROM unnest($1::t
 pub const RUNS_WITH_WORK: &str = concat!(
     "SELECT wr.id FROM workflow_run AS wr
 WHERE wr.state IN ('pending', 'running') AND wr.id IN (
-    SELECT run_id FROM task_run WHERE needs_pass AND ($3::uuid IS NULL OR run_id = $3)
+    SELECT run_id FROM task_run WHERE needs_pass AND ($3::uuid[] IS NULL OR run_id = ANY($3))
     UNION
     SELECT run_id FROM task_run
     WHERE state = 'retrying' AND retry_at <= ",
     now!(),
-    " AND ($3::uuid IS NULL OR run_id = $3)
+    " AND ($3::uuid[] IS NULL OR run_id = ANY($3))
     UNION
-    SELECT id FROM workflow_run WHERE needs_pass AND ($3::uuid IS NULL OR id = $3)
+    SELECT id FROM workflow_run WHERE needs_pass AND ($3::uuid[] IS NULL OR id = ANY($3))
 )
 ORDER BY wr.id
 LIMIT $2"
@@ -395,8 +395,8 @@ LIMIT $2"
 /// (`taskrun_lease_expiry_idx`). `$1` offset, `$2` run (NULL: every run).
 pub const NEXT_DEADLINE: &str = concat!(
     "SELECT EXTRACT(EPOCH FROM (LEAST(
-    (SELECT min(retry_at) FROM task_run WHERE state = 'retrying' AND ($2::uuid IS NULL OR run_id = $2)),
-    (SELECT min(lease_expires_at) FROM task_run WHERE state = 'running' AND ($2::uuid IS NULL OR run_id = $2))
+    (SELECT min(retry_at) FROM task_run WHERE state = 'retrying' AND ($2::uuid[] IS NULL OR run_id = ANY($2))),
+    (SELECT min(lease_expires_at) FROM task_run WHERE state = 'running' AND ($2::uuid[] IS NULL OR run_id = ANY($2)))
 ) - ",
     now!(),
     "))::float8"
@@ -724,7 +724,7 @@ SELECT (SELECT count(*) FROM moved) > 0 AS moved,
 pub const SWEEP: &str = "\
 WITH picked AS (
     SELECT id FROM outbox
-    WHERE published_at IS NULL AND ($2::uuid IS NULL OR run_id = $2)
+    WHERE published_at IS NULL AND ($2::uuid[] IS NULL OR run_id = ANY($2))
     ORDER BY id
     LIMIT $1
     FOR UPDATE SKIP LOCKED

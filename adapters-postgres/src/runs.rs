@@ -46,11 +46,9 @@ struct ReapRow {
     lost_token: i64,
 }
 
-fn scope_run(scope: Scope) -> Option<Uuid> {
-    match scope {
-        Scope::All => None,
-        Scope::Run(run) => Some(run.0),
-    }
+/// The scope filter bound into queries: the run ids, NULL for every run.
+pub(crate) fn scope_runs(scope: &Scope) -> Option<Vec<Uuid>> {
+    scope.run_ids().map(|runs| runs.into_iter().map(|r| r.0).collect())
 }
 
 fn limit(n: u32) -> i64 {
@@ -326,7 +324,7 @@ impl RunStore for PgStore {
         let rows: Vec<ReapRow> = sqlx::query_as(queries::REAP)
             .bind(self.offset())
             .bind(limit(limit_to))
-            .bind(scope_run(scope))
+            .bind(scope_runs(&scope))
             .fetch_all(&mut *tx)
             .await
             .map_err(store_error)?;
@@ -384,7 +382,7 @@ impl RunStore for PgStore {
         let ids: Vec<Uuid> = sqlx::query_scalar(queries::RUNS_WITH_WORK)
             .bind(self.offset())
             .bind(limit(limit_to))
-            .bind(scope_run(scope))
+            .bind(scope_runs(&scope))
             .fetch_all(&self.inner.pool)
             .await
             .map_err(store_error)?;
@@ -394,7 +392,7 @@ impl RunStore for PgStore {
     async fn next_deadline(&self, scope: Scope) -> Result<Option<Duration>, StoreError> {
         let seconds: Option<f64> = sqlx::query_scalar(queries::NEXT_DEADLINE)
             .bind(self.offset())
-            .bind(scope_run(scope))
+            .bind(scope_runs(&scope))
             .fetch_one(&self.inner.pool)
             .await
             .map_err(store_error)?;

@@ -57,7 +57,7 @@ impl Drop for SqliteSweep {
 
 /// begin_sweep: unpublished rows, oldest first (`outbox_unpublished_idx`).
 pub(crate) const SWEEP: &str = "SELECT id, task_run_id, run_id, task_key, task_type, fencing_token FROM outbox \
-             WHERE published_at IS NULL AND (?1 IS NULL OR run_id = ?1) \
+             WHERE published_at IS NULL AND (?1 IS NULL OR run_id IN (SELECT value FROM json_each(?1))) \
              AND id NOT IN (SELECT value FROM json_each(?2)) ORDER BY id LIMIT ?3";
 
 /// sweep commit: the marks, in one call. `?2` the rows.
@@ -79,7 +79,7 @@ impl OutboxStore for SqliteStore {
             .await?
             .call(
                 sql(SWEEP)
-                    .bind(scope_key(scope))
+                    .bind(scope_key(&scope))
                     .bind(ids_json(&skip))
                     .bind(i64::from(limit)),
             )

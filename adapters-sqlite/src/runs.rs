@@ -25,12 +25,12 @@ use crate::notify::SqliteNotifier;
 use crate::pass::SqlitePass;
 use crate::store::{SqliteStore, lock, padded, sql, tagged};
 
-/// The scope filter bound into queries: NULL for every run.
-pub(crate) fn scope_key(scope: Scope) -> Option<String> {
-    match scope {
-        Scope::All => None,
-        Scope::Run(run) => Some(run_key(run)),
-    }
+/// The scope filter bound into queries: a JSON array of run keys, NULL for
+/// every run.
+pub(crate) fn scope_key(scope: &Scope) -> Option<String> {
+    scope
+        .run_ids()
+        .map(|runs| Value::from(runs.into_iter().map(run_key).collect::<Vec<_>>()).to_string())
 }
 
 /// Decodes a row by column names, a decoding failure being corrupt data.
@@ -369,7 +369,7 @@ pub(crate) const EXPIRED_LEASES: &str = concat!(
              JOIN task t ON t.workflow_id = r.workflow_id AND t.key = tr.task_key \
              WHERE tr.state = 'running' AND tr.lease_expires_at < ",
     now!(),
-    " AND (?2 IS NULL OR tr.run_id = ?2) ORDER BY tr.lease_expires_at, tr.id LIMIT ?3"
+    " AND (?2 IS NULL OR tr.run_id IN (SELECT value FROM json_each(?2))) ORDER BY tr.lease_expires_at, tr.id LIMIT ?3"
 );
 
 /// The rows of the reap batch `?2` (`[{i: id, t: token, x: expiry}]`)
@@ -483,11 +483,11 @@ pub(crate) const REAP_CALL: &str = concat!(
 /// which costs history, not work.
 pub(crate) const RUNS_WITH_WORK: &str = concat!(
     "SELECT w.run_id FROM (\
-             SELECT run_id FROM task_run WHERE needs_pass AND (?2 IS NULL OR run_id = ?2) \
+             SELECT run_id FROM task_run WHERE needs_pass AND (?2 IS NULL OR run_id IN (SELECT value FROM json_each(?2))) \
              UNION SELECT run_id FROM task_run WHERE state = 'retrying' AND retry_at <= ",
     now!(),
-    " AND (?2 IS NULL OR run_id = ?2) \
-             UNION SELECT id FROM workflow_run WHERE needs_pass AND (?2 IS NULL OR id = ?2)\
+    " AND (?2 IS NULL OR run_id IN (SELECT value FROM json_each(?2))) \
+             UNION SELECT id FROM workflow_run WHERE needs_pass AND (?2 IS NULL OR id IN (SELECT value FROM json_each(?2)))\
              ) AS w CROSS JOIN workflow_run r ON r.id = w.run_id \
              WHERE r.state IN ('pending', 'running') ORDER BY r.created_at, r.id LIMIT ?3"
 );
@@ -497,9 +497,9 @@ pub(crate) const NEXT_DEADLINE: &str = concat!(
     "SELECT MIN(d) - ",
     now!(),
     " FROM (\
-             SELECT MIN(retry_at) AS d FROM task_run WHERE state = 'retrying' AND (?2 IS NULL OR run_id = ?2) \
+             SELECT MIN(retry_at) AS d FROM task_run WHERE state = 'retrying' AND (?2 IS NULL OR run_id IN (SELECT value FROM json_each(?2))) \
              UNION ALL \
-             SELECT MIN(lease_expires_at) FROM task_run WHERE state = 'running' AND (?2 IS NULL OR run_id = ?2))"
+             SELECT MIN(lease_expires_at) FROM task_run WHERE state = 'running' AND (?2 IS NULL OR run_id IN (SELECT value FROM json_each(?2))))"
 );
 
 /// task_inputs: the run input and the dependencies' outputs in ONE
@@ -823,7 +823,7 @@ impl RunStore for SqliteStore {
             .call(
                 sql(EXPIRED_LEASES)
                     .bind(self.inner.offset())
-                    .bind(scope_key(scope))
+                    .bind(scope_key(&scope))
                     .bind(i64::from(limit)),
             )
             .await?;
@@ -893,7 +893,7 @@ impl RunStore for SqliteStore {
             .call(
                 sql(RUNS_WITH_WORK)
                     .bind(self.inner.offset())
-                    .bind(scope_key(scope))
+                    .bind(scope_key(&scope))
                     .bind(i64::from(limit)),
             )
             .await?;
@@ -907,7 +907,7 @@ impl RunStore for SqliteStore {
             .inner
             .read()
             .await?
-            .call(sql(NEXT_DEADLINE).bind(self.inner.offset()).bind(scope_key(scope)))
+            .call(sql(NEXT_DEADLINE).bind(self.inner.offset()).bind(scope_key(&scope)))
             .await?;
         let wait: Option<i64> = match rows.first() {
             Some(row) => col(row, 0)?,

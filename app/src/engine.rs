@@ -10,9 +10,10 @@ use std::time::Duration;
 use flowforge_domain::{RunState, WorkflowDefinition};
 use flowforge_ports::store::{CancelOutcome, Published};
 use flowforge_ports::{
-    DispatchPublisher, DispatchQueue, Observer, RunEvent, RunId, Scope, Store, WorkerId, WorkflowId,
+    DispatchPublisher, DispatchQueue, Observer, RunEvent, RunId, RunSet, Scope, Store, WorkerId, WorkflowId,
 };
 use serde_json::Value;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -127,6 +128,53 @@ impl Serving {
     }
 }
 
+/// The loops [`Engine::run`] shares: started by the first run in flight,
+/// stopped after the last. Concurrent runs of one engine so share one
+/// scheduler, one outbox publisher and the engine's `concurrency` worker
+/// slots, and a store notification wakes the one loop that has the work.
+#[derive(Default)]
+struct Driver {
+    runs: RunSet,
+    nudge: Arc<Notify>,
+    loops: tokio::sync::Mutex<Option<Driving>>,
+}
+
+struct Driving {
+    stop: CancellationToken,
+    done: tokio::task::JoinHandle<Result<(), Error>>,
+    failed: watch::Receiver<Option<Error>>,
+}
+
+/// Takes a run out of the driver if [`Engine::run`] is dropped before it
+/// finishes (a caller's timeout, say), so its loops do not serve it on.
+struct Leave<'a> {
+    driver: &'a Driver,
+    run: RunId,
+    armed: bool,
+}
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.driver.runs.remove(self.run);
+        if self.driver.runs.is_empty()
+            && let Ok(mut loops) = self.driver.loops.try_lock()
+            && let Some(driving) = loops.take()
+        {
+            // The loops stop on their own; nobody is left to wait for them.
+            driving.stop.cancel();
+        }
+    }
+}
+
+fn loops_stopped() -> Error {
+    Error::Store(flowforge_ports::StoreError::Other(
+        "the engine's loops stopped unexpectedly".into(),
+    ))
+}
+
 /// A FlowForge engine over a store `S` and a queue `Q`.
 pub struct Engine<S: Store, Q> {
     store: S,
@@ -136,6 +184,7 @@ pub struct Engine<S: Store, Q> {
     observers: Observers,
     waiters: Arc<Waiters>,
     worker: Arc<Worker<S, Q>>,
+    driver: Driver,
     config: EngineConfig,
 }
 
@@ -189,6 +238,7 @@ where
             observers: set,
             waiters,
             worker,
+            driver: Driver::default(),
             config,
         }
     }
@@ -229,12 +279,17 @@ where
     /// A scheduler over `scope`, sharing this engine's definitions and
     /// observers (for stepping a run by hand, e.g. in tests).
     pub fn scheduler(&self, scope: Scope) -> Scheduler<S> {
+        self.scheduler_nudged(scope, None)
+    }
+
+    fn scheduler_nudged(&self, scope: Scope, nudge: Option<Arc<Notify>>) -> Scheduler<S> {
         Scheduler::new(
             self.store.clone(),
             Arc::clone(&self.defs),
             self.observers.clone(),
             SchedulerConfig {
                 scope,
+                nudge,
                 ..SchedulerConfig::default()
             },
         )
@@ -266,9 +321,13 @@ where
     /// `scope` (`Scope::Run` drives only that run; the worker serves
     /// whatever this engine's publisher dispatches).
     pub fn serve(&self, scope: Scope) -> Serving {
+        self.serve_nudged(scope, None)
+    }
+
+    fn serve_nudged(&self, scope: Scope, nudge: Option<Arc<Notify>>) -> Serving {
         let shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();
-        let scheduler = self.scheduler(scope);
+        let scheduler = self.scheduler_nudged(scope.clone(), nudge);
         let token = shutdown.clone();
         tasks.spawn(async move { scheduler.run(token).await });
         let publisher = self.publisher(scope);
@@ -304,17 +363,82 @@ where
     }
 
     /// Publishes `def`, runs it with `input` to the end in this process, and
-    /// returns its report. Only this run is driven.
+    /// returns its report. Only the runs started here are driven; runs
+    /// started concurrently through one engine share its loops and its
+    /// `concurrency` worker slots.
     pub async fn run(&self, def: &WorkflowDefinition, input: Value) -> Result<RunReport, Error> {
         let published = self.publish(def).await?;
         let run = self.start(published.id, input).await?;
-        let mut serving = self.serve(Scope::Run(run));
+        let mut leave = Leave {
+            driver: &self.driver,
+            run,
+            armed: true,
+        };
+        let mut failed = self.drive(run).await;
         let settled = tokio::select! {
             settled = self.wait(run) => settled,
-            failed = serving.failed() => failed.map(|()| RunState::Failed),
+            failed = failed.wait_for(Option::is_some) => {
+                Err(failed.ok().and_then(|e| e.clone()).unwrap_or_else(loops_stopped))
+            }
         };
-        serving.stop().await?;
+        leave.armed = false;
+        let stopped = self.undrive(run).await;
         settled?;
+        stopped?;
         self.report(run).await
+    }
+
+    /// Adds `run` to the shared loops, starting them if they are not
+    /// running; returns where a loop failure shows.
+    async fn drive(&self, run: RunId) -> watch::Receiver<Option<Error>> {
+        let mut loops = self.driver.loops.lock().await;
+        self.driver.runs.insert(run);
+        if let Some(driving) = loops.as_ref() {
+            // The scheduler may have looked before the run was in its scope.
+            self.driver.nudge.notify_one();
+            return driving.failed.clone();
+        }
+        let mut serving = self.serve_nudged(
+            Scope::Runs(self.driver.runs.clone()),
+            Some(Arc::clone(&self.driver.nudge)),
+        );
+        let stop = CancellationToken::new();
+        let (report, failed) = watch::channel(None);
+        let stopping = stop.clone();
+        let done = tokio::spawn(async move {
+            tokio::select! {
+                () = stopping.cancelled() => {}
+                ended = serving.failed() => {
+                    let _ = report.send(Some(ended.err().unwrap_or_else(loops_stopped)));
+                }
+            }
+            serving.stop().await
+        });
+        *loops = Some(Driving {
+            stop,
+            done,
+            failed: failed.clone(),
+        });
+        failed
+    }
+
+    /// Takes `run` out of the shared loops, stopping them after the last
+    /// run; returns their error if they failed.
+    async fn undrive(&self, run: RunId) -> Result<(), Error> {
+        let mut loops = self.driver.loops.lock().await;
+        self.driver.runs.remove(run);
+        if !self.driver.runs.is_empty() {
+            return Ok(());
+        }
+        let Some(driving) = loops.take() else {
+            return Ok(());
+        };
+        driving.stop.cancel();
+        match driving.done.await {
+            Ok(result) => result,
+            Err(e) => Err(Error::Store(flowforge_ports::StoreError::Other(format!(
+                "the engine's loops panicked: {e}"
+            )))),
+        }
     }
 }

@@ -60,7 +60,11 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
     /// failure was the broker's (transient), the sweep reports an error so
     /// the loop backs off — after committing what did get through.
     pub async fn publish_once(&self) -> Result<SweepReport, Error> {
-        let Some(mut sweep) = self.store.begin_sweep(self.config.scope, self.config.batch).await? else {
+        let Some(mut sweep) = self
+            .store
+            .begin_sweep(self.config.scope.clone(), self.config.batch)
+            .await?
+        else {
             return Ok(SweepReport::default());
         };
         let rows = sweep.dispatches().to_vec();

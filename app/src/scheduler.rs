@@ -14,6 +14,7 @@ use flowforge_domain::derive::{
 use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, TaskTransition};
 use flowforge_ports::store::{Notifier, PassRun, RunPass, Topic};
 use flowforge_ports::{RunEvent, RunId, Scope, Store, TaskEvent};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::DefinitionCache;
@@ -64,6 +65,10 @@ pub struct SchedulerConfig {
     pub batch: u32,
     /// The slow periodic pass that only backs up the notifications.
     pub safety_net: Duration,
+    /// Wakes the loop like a store notification does: the owner of a
+    /// [`Scope::Runs`] set pokes it after adding a run, whose start the
+    /// loop may have seen before the run was in its scope.
+    pub nudge: Option<Arc<Notify>>,
 }
 
 impl Default for SchedulerConfig {
@@ -72,6 +77,7 @@ impl Default for SchedulerConfig {
             scope: Scope::All,
             batch: 500,
             safety_net: Duration::from_secs(30),
+            nudge: None,
         }
     }
 }
@@ -104,10 +110,10 @@ impl<S: Store> Scheduler<S> {
     }
 
     async fn pass(&self, reap: bool) -> Result<ScheduleReport, Error> {
-        let scope = self.config.scope;
+        let scope = &self.config.scope;
         let mut report = ScheduleReport::default();
         let reaped = if reap {
-            self.store.reap_expired_leases(scope, self.config.batch).await?
+            self.store.reap_expired_leases(scope.clone(), self.config.batch).await?
         } else {
             Vec::new()
         };
@@ -121,7 +127,7 @@ impl<S: Store> Scheduler<S> {
                 self.reaped_for_good(r.run_id, &r.task_key).await;
             }
         }
-        let runs = self.store.runs_with_work(scope, self.config.batch).await?;
+        let runs = self.store.runs_with_work(scope.clone(), self.config.batch).await?;
         report.more = runs.len() >= self.config.batch as usize || reaped.len() >= self.config.batch as usize;
         for run in runs {
             match self.advance_run(run).await {
@@ -332,12 +338,17 @@ impl<S: Store> Scheduler<S> {
             }
             // Work already announced (a task finished while this pass ran):
             // go again at once, without asking for the next deadline.
-            let mut wake = std::pin::pin!(notifier.notified(Topic::Scheduler));
+            let mut wake = std::pin::pin!(async {
+                tokio::select! {
+                    () = notifier.notified(Topic::Scheduler) => {}
+                    () = nudged(self.config.nudge.as_deref()) => {}
+                }
+            });
             if futures_util::FutureExt::now_or_never(wake.as_mut()).is_some() {
                 timer_fired = false;
                 continue;
             }
-            let deadline = match self.store.next_deadline(self.config.scope).await {
+            let deadline = match self.store.next_deadline(self.config.scope.clone()).await {
                 Ok(d) => d.unwrap_or(self.config.safety_net).min(self.config.safety_net),
                 Err(e) => {
                     tracing::warn!(error = %e, "could not read the next deadline");
@@ -364,6 +375,14 @@ impl<S: Store> Scheduler<S> {
     /// The store this scheduler drives.
     pub fn store(&self) -> &S {
         &self.store
+    }
+}
+
+/// Resolves when `nudge` is poked; never without one.
+async fn nudged(nudge: Option<&Notify>) {
+    match nudge {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
     }
 }
 

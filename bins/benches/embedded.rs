@@ -163,7 +163,16 @@ async fn bench_concurrent() -> Value {
     json!({"scenario": "concurrent", "runs": 100, "tasks": 4_000, "wall_s": wall.as_secs_f64(), "tasks_per_s": 4_000.0 / wall.as_secs_f64()})
 }
 
+/// Resets the peak RSS to the current RSS (Linux: `clear_refs` 5), so a
+/// scenario's peak is its own, not an earlier scenario's in this process.
+fn reset_peak_rss() {
+    if let Err(e) = std::fs::write("/proc/self/clear_refs", "5") {
+        eprintln!("cannot reset the peak RSS ({e}); the memory figures include earlier scenarios");
+    }
+}
+
 async fn bench_memory() -> Value {
+    reset_peak_rss();
     let dir = tempfile::tempdir().expect("tmp");
     let engine = engine(&dir, None).await;
     let def = definition(

@@ -451,7 +451,7 @@ fn scheduler_over(store: &PgStore) -> Scheduler<PgStore> {
         SchedulerConfig {
             scope: Scope::All,
             batch: 10_000,
-            safety_net: Duration::from_secs(30),
+            ..SchedulerConfig::default()
         },
     )
 }

@@ -30,7 +30,7 @@ use crate::ids::{RunId, TaskRunId, WorkerId, WorkflowId};
 use crate::queue::Dispatch;
 use crate::store::{
     CancelOutcome, Claim, DefinitionStore, EventView, FinishResult, LeaseStatus, LoadError, Notifier, OutboxStore,
-    OutboxSweep, PublishError, Published, RunPass, RunStore, Scope, Store, TaskOutcome, TaskRunView, Topic,
+    OutboxSweep, PublishError, Published, RunPass, RunSet, RunStore, Scope, Store, TaskOutcome, TaskRunView, Topic,
     TransitionError, WorkerRegistration, WorkerRegistry,
 };
 
@@ -1351,7 +1351,36 @@ pub async fn runs_with_work_and_next_deadline_follow_active_work<F: StoreFactory
         s.runs_with_work(Scope::Run(first), 10).await.expect("runs_with_work"),
         [first]
     );
+    // A run set is read at each query: its owner changes it between them.
+    let set = RunSet::default();
+    let tracked = Scope::Runs(set.clone());
+    assert!(
+        s.runs_with_work(tracked.clone(), 10)
+            .await
+            .expect("runs_with_work")
+            .is_empty(),
+        "an empty set holds no run"
+    );
+    set.insert(second);
+    assert!(
+        s.runs_with_work(tracked.clone(), 10)
+            .await
+            .expect("runs_with_work")
+            .is_empty()
+    );
+    set.insert(first);
+    assert_eq!(
+        s.runs_with_work(tracked.clone(), 10).await.expect("runs_with_work"),
+        [first]
+    );
     claim(&s, second, "a", "w", Duration::from_secs(100)).await;
+    set.remove(first);
+    assert_eq!(
+        s.runs_with_work(tracked.clone(), 10).await.expect("runs_with_work"),
+        [second]
+    );
+    let in_set = s.next_deadline(tracked).await.expect("deadline").expect("a lease");
+    assert!(in_set <= Duration::from_secs(100), "{in_set:?}");
     let both: BTreeSet<RunId> = s
         .runs_with_work(Scope::All, 10)
         .await
@@ -1934,6 +1963,14 @@ pub async fn outbox_sweeps_oldest_first_within_limit_and_scope<F: StoreFactory>(
     let only = unpublished(&s, Scope::Run(second)).await;
     assert_eq!(only.len(), 2);
     assert!(only.iter().all(|d| d.run_id == second));
+    let set = RunSet::default();
+    assert!(unpublished(&s, Scope::Runs(set.clone())).await.is_empty());
+    set.insert(second);
+    assert_eq!(
+        unpublished(&s, Scope::Runs(set)).await,
+        only,
+        "a run set scopes a sweep"
+    );
 
     // Uncommitted marks are lost.
     let mut sweep = s.begin_sweep(Scope::All, 10).await.expect("sweep").expect("rows");

@@ -21,7 +21,7 @@ pub use observer::{Observer, RunEvent, TaskEvent};
 pub use queue::{Delivery, Dispatch, DispatchConsumer, DispatchPublisher, DispatchQueue, QueueError};
 pub use store::{
     Activity, CancelOutcome, Claim, DefinitionStore, EventView, FinishResult, LeaseStatus, LoadError, Notifier,
-    OutboxStore, OutboxSweep, PassRun, PassTask, PublishError, Published, Reaped, RunDetail, RunPass, RunStore,
+    OutboxStore, OutboxSweep, PassRun, PassTask, PublishError, Published, Reaped, RunDetail, RunPass, RunSet, RunStore,
     RunSummary, Scope, Store, StoreError, TaskInputs, TaskOutcome, TaskRunView, Topic, TransitionError, WorkerInfo,
     WorkerRegistration, WorkerRegistry,
 };

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -164,15 +164,70 @@ pub struct Published {
     pub created: bool,
 }
 
-/// Which runs a loop looks at: all of them (distributed processes) or just
-/// one (`flowforge run` drives only the run it started).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which runs a loop looks at: all of them (distributed processes), just
+/// one, or the runs an embedded engine has in flight (`flowforge run` and
+/// the embedding API drive only the runs they started).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scope {
     /// Every run in the store.
     All,
     /// Only this run.
     Run(RunId),
+    /// The runs in this set at the moment of each query; its owner adds and
+    /// removes runs while the loops keep going.
+    Runs(RunSet),
 }
+
+impl Scope {
+    /// The runs a query is limited to, `None` for every run.
+    pub fn run_ids(&self) -> Option<Vec<RunId>> {
+        match self {
+            Self::All => None,
+            Self::Run(run) => Some(vec![*run]),
+            Self::Runs(set) => Some(set.snapshot()),
+        }
+    }
+}
+
+/// A set of runs shared between its owner and the loops scoped to it.
+/// Clones share the set; two sets are equal when they are the same set.
+#[derive(Debug, Clone, Default)]
+pub struct RunSet(Arc<RwLock<BTreeSet<RunId>>>);
+
+impl RunSet {
+    /// Adds `run`; true if it was not there.
+    pub fn insert(&self, run: RunId) -> bool {
+        self.0.write().unwrap_or_else(PoisonError::into_inner).insert(run)
+    }
+
+    /// Removes `run`; true if it was there.
+    pub fn remove(&self, run: RunId) -> bool {
+        self.0.write().unwrap_or_else(PoisonError::into_inner).remove(&run)
+    }
+
+    /// Whether no run is in the set.
+    pub fn is_empty(&self) -> bool {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).is_empty()
+    }
+
+    /// The runs in the set now, in ascending order.
+    pub fn snapshot(&self) -> Vec<RunId> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .copied()
+            .collect()
+    }
+}
+
+impl PartialEq for RunSet {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for RunSet {}
 
 /// A won claim: what the worker needs to run the attempt.
 #[derive(Debug, Clone, PartialEq)]

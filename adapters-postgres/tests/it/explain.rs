@@ -72,10 +72,11 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
     .await
     .unwrap();
     let zero = TimeDelta::zero();
-    let none: Option<uuid::Uuid> = None;
+    // Every run (NULL), or the runs of a set (an embedded engine's scope).
+    let none = || None::<Vec<uuid::Uuid>>;
 
     let p = plan(&pool, queries::RUNS_WITH_WORK, |q| {
-        q.bind(zero).bind(100_i64).bind(none)
+        q.bind(zero).bind(100_i64).bind(none())
     })
     .await;
     assert_uses(
@@ -89,10 +90,20 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
         ],
     );
 
-    let p = plan(&pool, queries::REAP, |q| q.bind(zero).bind(100_i64).bind(none)).await;
+    let p = plan(&pool, queries::RUNS_WITH_WORK, |q| {
+        q.bind(zero).bind(100_i64).bind(Some(vec![live.0]))
+    })
+    .await;
+    assert_uses(
+        "runs_with_work over a run set",
+        &p,
+        &[&["taskrun_needs_pass_idx"], &["workflowrun_needs_pass_idx"]],
+    );
+
+    let p = plan(&pool, queries::REAP, |q| q.bind(zero).bind(100_i64).bind(none())).await;
     assert_uses("reap candidates", &p, &[&["taskrun_lease_expiry_idx"]]);
 
-    let p = plan(&pool, queries::NEXT_DEADLINE, |q| q.bind(zero).bind(none)).await;
+    let p = plan(&pool, queries::NEXT_DEADLINE, |q| q.bind(zero).bind(none())).await;
     assert_uses(
         "next_deadline",
         &p,
@@ -102,7 +113,7 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
         ],
     );
 
-    let p = plan(&pool, queries::SWEEP, |q| q.bind(100_i64).bind(none)).await;
+    let p = plan(&pool, queries::SWEEP, |q| q.bind(100_i64).bind(none())).await;
     assert_uses("outbox sweep", &p, &[&["outbox_unpublished_idx"]]);
 
     let p = plan(&pool, queries::TAKE_FLAGGED, |q| q.bind(live.0)).await;

@@ -4,6 +4,7 @@
 //! branches run side by side.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use flowforge::{HandlerError, RunState, TaskContext};
 use flowforge_app::worker::Handled;
@@ -164,4 +165,47 @@ async fn independent_branches_run_concurrently_when_served() {
         .await
         .expect("run");
     assert_eq!(report.state, "succeeded", "{report:#?}");
+}
+
+/// Runs started concurrently through one engine share its loops and its
+/// worker slots: `concurrency` bounds the handlers in flight across every
+/// run, and each run still reaches its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_runs_of_one_engine_share_its_worker_slots() {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let (now, peak) = (Arc::clone(&in_flight), Arc::clone(&most));
+    let s = scenario(move |b| {
+        b.handler_fn("step", move |_ctx: TaskContext| {
+            let (now, peak) = (Arc::clone(&now), Arc::clone(&peak));
+            async move {
+                let running = now.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(running, Ordering::SeqCst);
+                // Room for another slot to start a handler, if there were one.
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, HandlerError>(json!({}))
+            }
+        })
+        .concurrency(2)
+    })
+    .await;
+    let def = flowforge::parse_definition(&serde_json::to_vec(&diamond()).expect("json")).expect("valid");
+    let engine = Arc::clone(&s.engine);
+    let mut runs = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        let (engine, def) = (Arc::clone(&engine), def.clone());
+        runs.spawn(async move { engine.run(&def, json!({})).await });
+    }
+    let reports = within("six concurrent runs to finish", runs.join_all()).await;
+    for report in reports {
+        let report = report.expect("run");
+        assert_eq!(report.state, "succeeded", "{report:#?}");
+    }
+    assert!(
+        most.load(Ordering::SeqCst) <= 2,
+        "{} handlers ran at once on an engine with two slots",
+        most.load(Ordering::SeqCst)
+    );
+    assert_eq!(in_flight.load(Ordering::SeqCst), 0);
 }
