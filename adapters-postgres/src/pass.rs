@@ -26,6 +26,9 @@ pub struct PgRunPass {
     dispatched: bool,
     /// The run reached a terminal state: wake its waiters after commit.
     settled: bool,
+    /// The activity read by the last statement, while no write since can
+    /// have changed it (`promote_due_retries` reads it for `activity`).
+    activity: Option<Activity>,
 }
 
 impl Drop for PgRunPass {
@@ -88,6 +91,7 @@ impl PgRunPass {
             run,
             dispatched: false,
             settled: false,
+            activity: None,
         }))
     }
 
@@ -96,21 +100,6 @@ impl PgRunPass {
         self.tx
             .as_deref_mut()
             .ok_or_else(|| StoreError::Other("the scheduler pass has ended".to_owned()))
-    }
-
-    /// Runs a promotion statement (keys made ready, with outbox rows).
-    async fn promote(&mut self, sql: &'static str) -> Result<Vec<String>, StoreError> {
-        // The handle is shared by Arc: cloning it frees `self` for the connection borrow.
-        let store = self.store.clone();
-        let rows: Vec<(String, bool)> = sqlx::query_as(sql)
-            .bind(store.offset())
-            .bind(self.run.id.0)
-            .bind(self.run.workflow_id.0)
-            .fetch_all(self.conn()?)
-            .await
-            .map_err(store_error)?;
-        self.dispatched |= rows.iter().any(|(_, woke)| *woke);
-        Ok(rows.into_iter().map(|(key, _)| key).collect())
     }
 }
 
@@ -129,6 +118,7 @@ impl RunPass for PgRunPass {
     }
 
     async fn satisfy_dependencies(&mut self, done: &[(String, u32)]) -> Result<Vec<String>, StoreError> {
+        self.activity = None;
         let store = self.store.clone();
         // One UPDATE for the whole batch: a row named twice gets the sum
         // (an UPDATE … FROM would apply only one of its matches).
@@ -155,15 +145,34 @@ impl RunPass for PgRunPass {
             self.dispatched |= rows.iter().any(|(_, woke)| *woke);
             made_ready.extend(rows.into_iter().map(|(key, _)| key));
         }
-        made_ready.extend(self.promote(queries::PROMOTE_SATISFIED).await?);
+        // A pending row always waits on a dependency
+        // (`taskrun_pending_waits_on_deps`): the lowering above made every
+        // row it brought to zero ready, so no other row can be.
         Ok(made_ready)
     }
 
     async fn promote_due_retries(&mut self) -> Result<Vec<String>, StoreError> {
-        self.promote(queries::PROMOTE_RETRIES).await
+        let store = self.store.clone();
+        let not_pending = self.run.state != RunState::Pending;
+        let (keys, woke, any_active, any_started): (Vec<String>, bool, bool, bool) =
+            sqlx::query_as(queries::PROMOTE_RETRIES)
+                .bind(store.offset())
+                .bind(self.run.id.0)
+                .bind(self.run.workflow_id.0)
+                .bind(not_pending)
+                .fetch_one(self.conn()?)
+                .await
+                .map_err(store_error)?;
+        self.dispatched |= woke;
+        self.activity = Some(Activity {
+            any_active,
+            any_started,
+        });
+        Ok(keys)
     }
 
     async fn cancel_pending(&mut self, keys: &[String], reason: CancelReason) -> Result<Vec<String>, StoreError> {
+        self.activity = None;
         let store = self.store.clone();
         if keys.is_empty() {
             return Ok(Vec::new());
@@ -179,6 +188,7 @@ impl RunPass for PgRunPass {
     }
 
     async fn cancel_waiting(&mut self) -> Result<Vec<String>, StoreError> {
+        self.activity = None;
         let store = self.store.clone();
         sqlx::query_scalar(queries::CANCEL_WAITING)
             .bind(store.offset())
@@ -221,6 +231,9 @@ impl RunPass for PgRunPass {
     }
 
     async fn activity(&mut self) -> Result<Activity, StoreError> {
+        if let Some(known) = self.activity.take() {
+            return Ok(known);
+        }
         let not_pending = self.run.state != RunState::Pending;
         let (any_active, any_started): (bool, bool) = sqlx::query_as(queries::ACTIVITY)
             .bind(self.run.id.0)
@@ -255,6 +268,7 @@ impl RunPass for PgRunPass {
     }
 
     async fn create_compensator(&mut self, key: &str, compensate_for: &str) -> Result<bool, StoreError> {
+        self.activity = None;
         let store = self.store.clone();
         let (known, created, woke): (bool, bool, bool) = sqlx::query_as(queries::CREATE_COMPENSATOR)
             .bind(store.offset())
@@ -276,6 +290,7 @@ impl RunPass for PgRunPass {
     }
 
     async fn transition_run(&mut self, edge: RunTransition) -> Result<bool, StoreError> {
+        self.activity = None;
         let store = self.store.clone();
         let Some(t) = run_machine().get(edge) else {
             return Err(StoreError::Other(format!("'{edge}' is not a WorkflowRun transition")));

@@ -523,39 +523,13 @@ SELECT m.task_key, ",
     " AS woke FROM moved AS m ORDER BY m.id"
 );
 
-/// satisfy_dependencies, then: `dependencies_satisfied` on any other
-/// pending forward row at zero (none unless a row was edited by hand), with
-/// one outbox row each (`taskrun_active_idx`). `$1`
-/// offset, `$2` run, `$3` workflow.
-pub const PROMOTE_SATISFIED: &str = concat!(
-    "WITH moved AS (
-    UPDATE task_run SET state = 'ready'
-    WHERE run_id = $2 AND state = 'pending' AND pending_deps = 0 AND compensate_for IS NULL
-    RETURNING id, run_id, task_key, attempt, fencing_token
-), event AS (
-    ",
-    event_insert!(),
-    "SELECT id, run_id, task_key, 'dependencies_satisfied', 'pending', 'ready', attempt, fencing_token, NULL, ",
-    now!(),
-    ", NULL FROM moved ORDER BY id
-), dispatched AS (
-    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
-    SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
-    now!(),
-    "
-    FROM moved AS m JOIN task AS t ON t.workflow_id = $3 AND t.key = m.task_key
-    ORDER BY m.id
-    ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
-    RETURNING id
-)
-SELECT m.task_key, ",
-    any_row!("dispatched"),
-    " AS woke FROM moved AS m ORDER BY m.id"
-);
-
 /// promote_due_retries: `retry_ready` on every due retrying row of the
 /// run, with one outbox row each (`taskrun_retry_due_idx` or
-/// `taskrun_active_idx`, whichever is smaller). `$1` offset, `$2` run, `$3` workflow.
+/// `taskrun_active_idx`, whichever is smaller), and the run's activity
+/// (see [`ACTIVITY`]) in the same round trip: the scheduler asks for it
+/// next, and a promotion cannot change it (retrying and ready are both
+/// active, and nothing starts). `$1` offset, `$2` run, `$3` workflow, `$4`
+/// true when the run is no longer pending.
 pub const PROMOTE_RETRIES: &str = concat!(
     "WITH moved AS (
     UPDATE task_run SET state = 'ready', retry_at = NULL
@@ -579,9 +553,13 @@ pub const PROMOTE_RETRIES: &str = concat!(
     ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
     RETURNING id
 )
-SELECT m.task_key, ",
+SELECT COALESCE((SELECT array_agg(task_key ORDER BY id) FROM moved), '{}') AS keys, ",
     any_row!("dispatched"),
-    " AS woke FROM moved AS m ORDER BY m.id"
+    " AS woke,
+       EXISTS (SELECT 1 FROM task_run
+               WHERE run_id = $2 AND state IN ('pending', 'ready', 'running', 'retrying')
+                 AND compensate_for IS NULL) AS any_active,
+       $4 OR EXISTS (SELECT 1 FROM task_run WHERE run_id = $2 AND started_at IS NOT NULL) AS any_started"
 );
 
 /// cancel_pending: the named rows still pending (`uniq_taskrun_run_key`).

@@ -724,7 +724,7 @@ fn explain_hot_queries(db: &BenchDb, run: RunId, pair: WorkflowId) -> (String, b
         Hot {
             name: "runs_with_work",
             text: queries::RUNS_WITH_WORK,
-            params: "interval, bigint, uuid",
+            params: "interval, bigint, uuid[]",
             args: "'0', 10000, NULL".to_owned(),
             indexes: &[
                 &["taskrun_needs_pass_idx"],
@@ -736,14 +736,14 @@ fn explain_hot_queries(db: &BenchDb, run: RunId, pair: WorkflowId) -> (String, b
         Hot {
             name: "reap_expired_leases (its candidates)",
             text: queries::REAP,
-            params: "interval, bigint, uuid",
+            params: "interval, bigint, uuid[]",
             args: "'0', 10000, NULL".to_owned(),
             indexes: &[&["taskrun_lease_expiry_idx", "taskrun_active_idx"]],
         },
         Hot {
             name: "next_deadline",
             text: queries::NEXT_DEADLINE,
-            params: "interval, uuid",
+            params: "interval, uuid[]",
             args: "'0', NULL".to_owned(),
             indexes: &[
                 &["taskrun_retry_due_idx", "taskrun_active_idx"],
@@ -774,7 +774,7 @@ fn explain_hot_queries(db: &BenchDb, run: RunId, pair: WorkflowId) -> (String, b
         Hot {
             name: "outbox sweep",
             text: queries::SWEEP,
-            params: "bigint, uuid",
+            params: "bigint, uuid[]",
             args: "500, NULL".to_owned(),
             indexes: &[&["outbox_unpublished_idx"]],
         },
@@ -847,7 +847,7 @@ fn explain_hot_queries(db: &BenchDb, run: RunId, pair: WorkflowId) -> (String, b
 /// generic and custom plans it got, and EXPLAIN how long planning takes.
 fn plan_cache_report(db: &BenchDb, run: RunId, pair: WorkflowId) -> String {
     let wf = pair.0;
-    let statements: [(&str, &str, &str, String); 17] = [
+    let statements: [(&str, &str, &str, String); 16] = [
         (
             "claim",
             queries::CLAIM,
@@ -875,14 +875,19 @@ fn plan_cache_report(db: &BenchDb, run: RunId, pair: WorkflowId) -> String {
         (
             "runs_with_work",
             queries::RUNS_WITH_WORK,
-            "interval, bigint, uuid",
+            "interval, bigint, uuid[]",
             "'0', 500, NULL".into(),
         ),
-        ("reap", queries::REAP, "interval, bigint, uuid", "'0', 500, NULL".into()),
+        (
+            "reap",
+            queries::REAP,
+            "interval, bigint, uuid[]",
+            "'0', 500, NULL".into(),
+        ),
         (
             "next_deadline",
             queries::NEXT_DEADLINE,
-            "interval, uuid",
+            "interval, uuid[]",
             "'0', NULL".into(),
         ),
         ("begin_pass", queries::BEGIN_PASS, "uuid", format!("'{run}'")),
@@ -894,16 +899,10 @@ fn plan_cache_report(db: &BenchDb, run: RunId, pair: WorkflowId) -> String {
             format!("'0', '{run}', {wf}, ARRAY['t1'], ARRAY[1]"),
         ),
         (
-            "promote_satisfied",
-            queries::PROMOTE_SATISFIED,
-            "interval, uuid, bigint",
-            format!("'0', '{run}', {wf}"),
-        ),
-        (
             "promote_retries",
             queries::PROMOTE_RETRIES,
-            "interval, uuid, bigint",
-            format!("'0', '{run}', {wf}"),
+            "interval, uuid, bigint, boolean",
+            format!("'0', '{run}', {wf}, false"),
         ),
         ("activity", queries::ACTIVITY, "uuid, boolean", format!("'{run}', true")),
         (
@@ -912,7 +911,7 @@ fn plan_cache_report(db: &BenchDb, run: RunId, pair: WorkflowId) -> String {
             "interval, uuid, text, text, text, boolean",
             format!("'0', '{run}', 'pending', 'running', 'start', false"),
         ),
-        ("sweep", queries::SWEEP, "bigint, uuid", "500, NULL".into()),
+        ("sweep", queries::SWEEP, "bigint, uuid[]", "500, NULL".into()),
         (
             "mark_published",
             queries::MARK_PUBLISHED,

@@ -123,12 +123,15 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
     assert_uses("activity", &p, &[&["taskrun_active_idx"]]);
 
     let p = plan(&pool, queries::PROMOTE_RETRIES, |q| {
-        q.bind(zero).bind(live.0).bind(wf.0)
+        q.bind(zero).bind(live.0).bind(wf.0).bind(false)
     })
     .await;
     assert_uses(
-        "promote_due_retries",
+        "promote_due_retries (and the activity it reads)",
         &p,
-        &[&["taskrun_retry_due_idx", "taskrun_active_idx"]],
+        &[
+            &["taskrun_retry_due_idx", "taskrun_active_idx"],
+            &["taskrun_active_idx"],
+        ],
     );
 }

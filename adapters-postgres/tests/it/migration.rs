@@ -19,7 +19,7 @@ VALUES (1, 'a', 0, 'noop', '[]', '{}', 1);
 INSERT INTO workflow_run (id, workflow_id, state, input, created_at)
 VALUES ('00000000-0000-0000-0000-000000000001', 1, 'pending', '{}', now());
 INSERT INTO task_run (id, run_id, task_key, state, pending_deps, created_at)
-VALUES (1, '00000000-0000-0000-0000-000000000001', 'a', 'pending', 0, now());
+VALUES (1, '00000000-0000-0000-0000-000000000001', 'a', 'pending', 1, now());
 INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
 VALUES (1, '00000000-0000-0000-0000-000000000001', 'a', 'noop', 0, now());
 ";
@@ -89,12 +89,16 @@ const CASES: &[(&str, &str)] = &[
         "taskrun_token_nonnegative",
     ),
     (
-        "UPDATE task_run SET pending_deps = -1 WHERE id = 1",
+        "UPDATE task_run SET state = 'ready', pending_deps = -1 WHERE id = 1",
         "taskrun_pending_deps_nonnegative",
     ),
     (
+        "UPDATE task_run SET pending_deps = 0 WHERE id = 1",
+        "taskrun_pending_waits_on_deps",
+    ),
+    (
         "INSERT INTO task_run (id, run_id, task_key, state, pending_deps, created_at)
-         VALUES (2, '00000000-0000-0000-0000-000000000001', 'a', 'pending', 0, now())",
+         VALUES (2, '00000000-0000-0000-0000-000000000001', 'a', 'pending', 1, now())",
         "uniq_taskrun_run_key",
     ),
     // workflow_run
