@@ -29,6 +29,8 @@ pub struct PgRunPass {
     /// The activity read by the last statement, while no write since can
     /// have changed it (`promote_due_retries` reads it for `activity`).
     activity: Option<Activity>,
+    /// The flags `begin` took, until `take_flagged` hands them over.
+    flagged: Option<Vec<PassTask>>,
 }
 
 impl Drop for PgRunPass {
@@ -51,10 +53,34 @@ impl fmt::Debug for PgRunPass {
 
 #[derive(Debug, sqlx::FromRow)]
 struct LockedRun {
-    id: Uuid,
+    run_id: Uuid,
     workflow_id: i64,
-    state: String,
+    run_state: String,
     cancel_requested: bool,
+    #[sqlx(flatten, try_from = "MaybeFlagged")]
+    flagged: Option<FlaggedRow>,
+}
+
+/// A flagged task run's columns, all NULL when no row was flagged.
+#[derive(Debug, sqlx::FromRow)]
+struct MaybeFlagged {
+    id: Option<i64>,
+    task_key: Option<String>,
+    state: Option<String>,
+    cancel_reason: Option<String>,
+    compensate_for: Option<String>,
+}
+
+impl From<MaybeFlagged> for Option<FlaggedRow> {
+    fn from(row: MaybeFlagged) -> Self {
+        Some(FlaggedRow {
+            id: row.id?,
+            task_key: row.task_key?,
+            state: row.state?,
+            cancel_reason: row.cancel_reason,
+            compensate_for: row.compensate_for,
+        })
+    }
 }
 
 #[derive(Debug, sqlx::FromRow)]
@@ -70,21 +96,28 @@ impl PgRunPass {
         // A pass this process dropped may still hold the run's lock.
         store.inner.rollbacks.settled().await;
         let mut tx = store.inner.pool.begin().await.map_err(store_error)?;
-        let locked: Option<LockedRun> = sqlx::query_as(queries::BEGIN_PASS)
+        // Every pass starts with take_flagged: its flags come with the lock,
+        // saving a round trip on the path of every hop.
+        let rows: Vec<LockedRun> = sqlx::query_as(queries::BEGIN_PASS_TAKING_FLAGS)
             .bind(run.0)
-            .fetch_optional(&mut *tx)
+            .fetch_all(&mut *tx)
             .await
             .map_err(store_error)?;
-        let Some(locked) = locked else {
+        let Some(locked) = rows.first() else {
             tx.rollback().await.map_err(store_error)?;
             return Ok(None);
         };
         let run = PassRun {
-            id: RunId(locked.id),
+            id: RunId(locked.run_id),
             workflow_id: WorkflowId(locked.workflow_id),
-            state: parse_name::<RunState>(&locked.state, "workflow_run.state")?,
+            state: parse_name::<RunState>(&locked.run_state, "workflow_run.state")?,
             cancel_requested: locked.cancel_requested,
         };
+        let flagged = rows
+            .into_iter()
+            .filter_map(|row| row.flagged)
+            .map(FlaggedRow::into_pass_task)
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Some(Self {
             store,
             tx: Some(tx),
@@ -92,6 +125,7 @@ impl PgRunPass {
             dispatched: false,
             settled: false,
             activity: None,
+            flagged: Some(flagged),
         }))
     }
 
@@ -109,6 +143,9 @@ impl RunPass for PgRunPass {
     }
 
     async fn take_flagged(&mut self) -> Result<Vec<PassTask>, StoreError> {
+        if let Some(taken) = self.flagged.take() {
+            return Ok(taken);
+        }
         let rows: Vec<FlaggedRow> = sqlx::query_as(queries::TAKE_FLAGGED)
             .bind(self.run.id.0)
             .fetch_all(self.conn()?)

@@ -468,13 +468,27 @@ LIMIT $1";
 // ---------------------------------------------------------------------------
 // The scheduler pass
 
-/// begin_pass: locks one non-terminal run, skipping it if another
-/// scheduler holds it. `$1` run.
-pub const BEGIN_PASS: &str = "\
-SELECT id, workflow_id, state, cancel_requested_at IS NOT NULL AS cancel_requested
-FROM workflow_run
-WHERE id = $1 AND state IN ('pending', 'running')
-FOR UPDATE SKIP LOCKED";
+/// begin_pass and take_flagged in one round trip: the run locked (`FOR
+/// UPDATE SKIP LOCKED`, so several schedulers can run at once; by primary
+/// key), then [`TAKE_FLAGGED`]'s clearing, only when the lock was taken. One row
+/// per flagged task run (its columns NULL when none is flagged), none when
+/// the run is locked by another scheduler or terminal. `$1` run.
+pub const BEGIN_PASS_TAKING_FLAGS: &str = "\
+WITH locked AS (
+    SELECT id, workflow_id, state, cancel_requested_at IS NOT NULL AS cancel_requested
+    FROM workflow_run
+    WHERE id = $1 AND state IN ('pending', 'running')
+    FOR UPDATE SKIP LOCKED
+), run_flag AS (
+    UPDATE workflow_run SET needs_pass = false WHERE id = (SELECT id FROM locked) AND needs_pass RETURNING id
+), flagged AS (
+    UPDATE task_run SET needs_pass = false WHERE run_id = (SELECT id FROM locked) AND needs_pass
+    RETURNING id, task_key, state, cancel_reason, compensate_for
+)
+SELECT l.id AS run_id, l.workflow_id, l.state AS run_state, l.cancel_requested,
+       f.id, f.task_key, f.state, f.cancel_reason, f.compensate_for
+FROM locked AS l LEFT JOIN flagged AS f ON true
+ORDER BY f.id";
 
 /// take_flagged: reads and clears the task-run flags in one statement
 /// (`taskrun_needs_pass_idx`), and clears the run's flag. `$1` run.

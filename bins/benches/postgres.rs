@@ -890,7 +890,12 @@ fn plan_cache_report(db: &BenchDb, run: RunId, pair: WorkflowId) -> String {
             "interval, uuid[]",
             "'0', NULL".into(),
         ),
-        ("begin_pass", queries::BEGIN_PASS, "uuid", format!("'{run}'")),
+        (
+            "begin_pass_taking_flags",
+            queries::BEGIN_PASS_TAKING_FLAGS,
+            "uuid",
+            format!("'{run}'"),
+        ),
         ("take_flagged", queries::TAKE_FLAGGED, "uuid", format!("'{run}'")),
         (
             "lower_and_promote",
