@@ -49,8 +49,8 @@ pub(crate) async fn open_channel(connection: &Connection, settings: &Settings) -
 
 /// Declares the dispatch exchange: durable, direct.
 pub(crate) async fn declare_exchange(channel: &Channel, settings: &Settings) -> Result<(), QueueError> {
-    let declared = bounded_raw(
-        settings.connect_timeout,
+    declare(
+        settings,
         "declaring the exchange",
         channel.exchange_declare(
             settings.exchange.clone(),
@@ -61,12 +61,9 @@ pub(crate) async fn declare_exchange(channel: &Channel, settings: &Settings) -> 
             },
             FieldTable::default(),
         ),
+        exchange_mismatch_message,
     )
-    .await?;
-    declared.map_err(|error| match precondition_failed(&error) {
-        Some(broker_text) => QueueError::QueueTypeMismatch(exchange_mismatch_message(settings, &broker_text)),
-        None => unavailable("declaring the exchange", &error),
-    })
+    .await
 }
 
 /// Declares the exchange, the quorum queue and the binding between them.
@@ -74,8 +71,8 @@ pub(crate) async fn declare_topology(channel: &Channel, settings: &Settings) -> 
     declare_exchange(channel, settings).await?;
     let mut arguments = FieldTable::default();
     arguments.insert("x-queue-type".into(), AMQPValue::LongString(LongString::from("quorum")));
-    let declared = bounded_raw(
-        settings.connect_timeout,
+    declare(
+        settings,
         "declaring the queue",
         channel.queue_declare(
             settings.queue.clone(),
@@ -85,14 +82,9 @@ pub(crate) async fn declare_topology(channel: &Channel, settings: &Settings) -> 
             },
             arguments,
         ),
+        queue_type_mismatch_message,
     )
     .await?;
-    if let Err(error) = declared {
-        return Err(match precondition_failed(&error) {
-            Some(broker_text) => QueueError::QueueTypeMismatch(queue_type_mismatch_message(settings, &broker_text)),
-            None => unavailable("declaring the queue", &error),
-        });
-    }
     bounded(
         settings.connect_timeout,
         "binding the queue",
@@ -176,6 +168,24 @@ pub(crate) async fn bounded<T>(
     bounded_raw(limit, what, step)
         .await?
         .map_err(|error| unavailable(what, &error))
+}
+
+/// Runs a declaration with the connect timeout. A PRECONDITION_FAILED refusal
+/// (the entity exists with other properties) is `QueueTypeMismatch`, with
+/// the text `mismatch` builds from the broker's; any other failure is
+/// `Unavailable`.
+async fn declare<T>(
+    settings: &Settings,
+    what: &str,
+    step: impl Future<Output = lapin::Result<T>>,
+    mismatch: fn(&Settings, &str) -> String,
+) -> Result<T, QueueError> {
+    bounded_raw(settings.connect_timeout, what, step)
+        .await?
+        .map_err(|error| match precondition_failed(&error) {
+            Some(broker_text) => QueueError::QueueTypeMismatch(mismatch(settings, &broker_text)),
+            None => unavailable(what, &error),
+        })
 }
 
 /// Runs a step with a timeout, leaving its own error to the caller.

@@ -26,7 +26,7 @@ const LOGGED_PAYLOAD_BYTES: usize = 512;
 /// reconnects after the queue was deleted (migration step 3) recreates it.
 #[derive(Debug)]
 pub struct RabbitQueue {
-    settings: Arc<Settings>,
+    settings: Settings,
     connection: Mutex<Option<Connection>>,
 }
 
@@ -34,7 +34,7 @@ impl RabbitQueue {
     /// A queue for `config`. Does not connect yet.
     pub fn new(config: RabbitConfig) -> Result<Self, ConfigError> {
         Ok(Self {
-            settings: Arc::new(Settings::from_config(&config)?),
+            settings: Settings::from_config(&config)?,
             connection: Mutex::new(None),
         })
     }
@@ -251,20 +251,29 @@ impl RabbitDelivery {
     /// Settles the delivery with `op`; a failure closes the channel (if the
     /// consumer still holds it) so the broker requeues the message rather
     /// than leaving it unacknowledged on a channel in an unknown state.
-    async fn settle<F>(mut self, what: &str, op: impl FnOnce(Acker) -> F) -> Result<(), QueueError>
+    ///
+    /// `verb` ("acking", "nacking") names the operation in errors, as
+    /// "{verb} dispatch {id}"; that text is only built on failure.
+    async fn settle<F>(mut self, verb: &'static str, op: impl FnOnce(Acker) -> F) -> Result<(), QueueError>
     where
         F: std::future::Future<Output = lapin::Result<bool>>,
     {
+        let id = self.dispatch.dispatch_id;
         let Some(acker) = self.acker.take() else {
-            return Err(QueueError::Unavailable(format!("{what}: delivery already settled")));
+            return Err(QueueError::Unavailable(format!(
+                "{verb} dispatch {id}: delivery already settled"
+            )));
         };
         let error = match tokio::time::timeout(self.op_timeout, op(acker)).await {
             Ok(Ok(true)) => return Ok(()),
             Ok(Ok(false)) => QueueError::Unavailable(format!(
-                "{what}: the channel closed first; the broker redelivers the dispatch"
+                "{verb} dispatch {id}: the channel closed first; the broker redelivers the dispatch"
             )),
-            Ok(Err(error)) => broker::unavailable(what, &error),
-            Err(_) => QueueError::Timeout(format!("{what} did not complete within {:?}", self.op_timeout)),
+            Ok(Err(error)) => broker::unavailable(&format!("{verb} dispatch {id}"), &error),
+            Err(_) => QueueError::Timeout(format!(
+                "{verb} dispatch {id} did not complete within {:?}",
+                self.op_timeout
+            )),
         };
         if let Some(channel) = self.channel.upgrade() {
             // The close frame is queued synchronously by the first poll;
@@ -289,9 +298,8 @@ impl Delivery for RabbitDelivery {
     /// it, and the consumer is dead. The redelivery must then be recognised
     /// as done (its claim matches nothing) and acked without running.
     async fn ack(self) -> Result<(), QueueError> {
-        let what = format!("acking dispatch {}", self.dispatch.dispatch_id);
         self.settle(
-            &what,
+            "acking",
             |acker| async move { acker.ack(BasicAckOptions::default()).await },
         )
         .await
@@ -300,8 +308,7 @@ impl Delivery for RabbitDelivery {
     /// Nacks the delivery with requeue: the broker delivers it again, with
     /// `redelivered` set.
     async fn nack_requeue(self) -> Result<(), QueueError> {
-        let what = format!("nacking dispatch {}", self.dispatch.dispatch_id);
-        self.settle(&what, |acker| async move {
+        self.settle("nacking", |acker| async move {
             acker
                 .nack(BasicNackOptions {
                     requeue: true,

@@ -2,7 +2,6 @@
 //! and tells a routed message from a returned one.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use flowforge_ports::{Dispatch, DispatchPublisher, QueueError};
@@ -27,7 +26,7 @@ const PERSISTENT: u8 = 2;
 /// Batches are published one at a time (see [`RabbitPublisher::publish`]).
 #[derive(Debug)]
 pub struct RabbitPublisher {
-    settings: Arc<Settings>,
+    settings: Settings,
     session: Mutex<Option<Session>>,
 }
 
@@ -42,7 +41,7 @@ impl RabbitPublisher {
     /// A publisher for `config`. Does not connect yet.
     pub fn new(config: RabbitConfig) -> Result<Self, ConfigError> {
         Ok(Self {
-            settings: Arc::new(Settings::from_config(&config)?),
+            settings: Settings::from_config(&config)?,
             session: Mutex::new(None),
         })
     }
@@ -180,12 +179,15 @@ async fn publish_batch(channel: &Channel, settings: &Settings, batch: &[Dispatch
 
 /// Each dispatch's result from what the broker answered (`None`: nothing
 /// before the deadline or the wait ended with `timed_out`). No I/O.
+///
+/// `confirmations` has exactly one entry per dispatch of `batch`, in order.
 fn judge(
     batch: &[Dispatch],
     confirmations: Vec<Option<lapin::Result<Confirmation>>>,
     timed_out: bool,
     confirm_timeout: Duration,
 ) -> BatchOutcome {
+    debug_assert_eq!(confirmations.len(), batch.len(), "one confirmation slot per dispatch");
     // Every return seen in this batch, by dispatch id.
     let mut returned_ids: HashSet<String> = HashSet::new();
     let mut acked: Vec<Option<bool>> = Vec::with_capacity(batch.len());
@@ -220,7 +222,7 @@ fn judge(
             None => None,
         });
     }
-    let in_doubt = timed_out || unattributed_return || acked.len() != batch.len() || acked.iter().any(Option::is_none);
+    let in_doubt = timed_out || unattributed_return || acked.iter().any(Option::is_none);
     let doubt = match channel_error {
         Some(error) => error,
         None if unattributed_return => {
@@ -232,9 +234,9 @@ fn judge(
     };
     let results = batch
         .iter()
-        .zip(acked.into_iter().chain(std::iter::repeat(None)))
+        .zip(acked)
         .map(|(dispatch, acked)| {
-            if returned_ids.contains(&dispatch.dispatch_id.to_string()) {
+            if !returned_ids.is_empty() && returned_ids.contains(&dispatch.dispatch_id.to_string()) {
                 return Err(QueueError::Unroutable(dispatch.dispatch_id));
             }
             match acked {
