@@ -52,7 +52,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use flowforge::{RunState, WorkflowDefinition, parse_definition};
+use flowforge::RunState;
 use flowforge_adapters_postgres::{PgOptions, PgStore};
 use flowforge_adapters_rabbit::{RabbitConfig, RabbitPublisher, RabbitQueue};
 use flowforge_app::cache::DefinitionCache;
@@ -60,8 +60,7 @@ use flowforge_app::observers::Observers;
 use flowforge_app::scheduler::{Scheduler, SchedulerConfig};
 use flowforge_domain::TaskRunState;
 use flowforge_ports::store::{
-    DefinitionStore, FinishResult, Notifier, OutboxStore, OutboxSweep, RunStore, RunSummary, TaskOutcome, Topic,
-    WorkerRegistry,
+    FinishResult, Notifier, OutboxStore, OutboxSweep, RunStore, RunSummary, TaskOutcome, Topic, WorkerRegistry,
 };
 use flowforge_ports::{
     Dispatch, DispatchId, DispatchPublisher, RunId, Scope, SystemClock, TaskRunId, WorkerId, WorkflowId,
@@ -69,68 +68,18 @@ use flowforge_ports::{
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
-use support::{BenchDb, Server, amqp, median, ms, percentile, pgbench_prepare, pgbench_update, round};
+use support::{
+    BenchDb, LEASE, Server, amqp, chain, chain_key, dag40, env_number, fanout, median, ms, percentile, pgbench_prepare,
+    pgbench_update, publish, round,
+};
 
 /// The release binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_flowforge");
 const DEFAULT_AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// Hops sampled for the floor.
 const FLOOR_SAMPLES: usize = 100;
-/// Lease of the benchmark's own claims (the floor).
-const LEASE: Duration = Duration::from_secs(600);
-
-fn env_number(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn definition(name: &str, tasks: Vec<Value>) -> WorkflowDefinition {
-    let body = serde_json::to_vec(&json!({ "name": name, "version": 1, "tasks": tasks })).expect("json");
-    parse_definition(&body).expect("a valid benchmark definition")
-}
-
-fn fanout(width: usize) -> WorkflowDefinition {
-    let mut tasks = vec![json!({"key": "root", "task_type": "noop"})];
-    let keys: Vec<String> = (0..width).map(|i| format!("m{i:05}")).collect();
-    tasks.extend(
-        keys.iter()
-            .map(|k| json!({"key": k, "task_type": "noop", "depends_on": ["root"]})),
-    );
-    tasks.push(json!({"key": "sink", "task_type": "noop", "depends_on": keys}));
-    definition(&format!("fanout-{width}"), tasks)
-}
-
-fn chain_key(i: usize) -> String {
-    format!("t{i:05}")
-}
-
-fn chain(len: usize) -> WorkflowDefinition {
-    let tasks = (0..len)
-        .map(|i| {
-            let deps: Vec<String> = if i == 0 { vec![] } else { vec![chain_key(i - 1)] };
-            json!({"key": chain_key(i), "task_type": "noop", "depends_on": deps})
-        })
-        .collect();
-    definition(&format!("chain-{len}"), tasks)
-}
-
-/// A 40-task DAG: 8 levels of 5, each task depending on two of the level above.
-fn dag40() -> WorkflowDefinition {
-    let mut tasks = Vec::new();
-    for level in 0..8 {
-        for i in 0..5 {
-            let deps: Vec<String> = if level == 0 {
-                vec![]
-            } else {
-                vec![
-                    format!("l{}t{}", level - 1, i),
-                    format!("l{}t{}", level - 1, (i + 1) % 5),
-                ]
-            };
-            tasks.push(json!({"key": format!("l{level}t{i}"), "task_type": "noop", "depends_on": deps}));
-        }
-    }
-    definition("dag-40", tasks)
-}
+/// The scenarios, in the order they run when none is named.
+const SCENARIOS: [&str; 4] = ["chain40", "chain", "fanout", "concurrent"];
 
 /// The queues and exchanges this benchmark declared, deleted on drop.
 struct Broker {
@@ -435,10 +384,6 @@ impl CpuProbe {
         );
         (Value::Object(parts), summary)
     }
-}
-
-async fn publish(store: &PgStore, def: &WorkflowDefinition) -> WorkflowId {
-    store.publish_definition(def).await.expect("publishing").id
 }
 
 /// Waits until every run of `runs` is terminal, woken by the store's
@@ -859,10 +804,10 @@ fn hop_floor_value(floor: &Floor, pgbench_latency_ms: f64, confirm_ms: f64, hop_
 async fn main() {
     let mut wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     if wanted.is_empty() {
-        wanted = ["chain40", "chain", "fanout", "concurrent"].map(String::from).to_vec();
+        wanted = SCENARIOS.map(String::from).to_vec();
     }
     for w in &wanted {
-        if !["chain40", "chain", "fanout", "concurrent"].contains(&w.as_str()) {
+        if !SCENARIOS.contains(&w.as_str()) {
             eprintln!("unknown scenario {w}; the scenarios are fanout, chain, chain40, concurrent");
             std::process::exit(2);
         }

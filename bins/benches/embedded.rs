@@ -6,57 +6,15 @@
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod support;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flowforge::{Embedded, EmbeddedEngine, Observer, TaskEvent, WorkflowDefinition, parse_definition};
+use flowforge::{Embedded, EmbeddedEngine, Observer, TaskEvent, WorkflowDefinition};
 use serde_json::{Value, json};
-
-fn definition(name: &str, tasks: Vec<Value>) -> WorkflowDefinition {
-    let body = serde_json::to_vec(&json!({ "name": name, "version": 1, "tasks": tasks })).expect("json");
-    parse_definition(&body).expect("a valid benchmark definition")
-}
-
-fn fanout(width: usize) -> WorkflowDefinition {
-    let mut tasks = vec![json!({"key": "root", "task_type": "noop"})];
-    let keys: Vec<String> = (0..width).map(|i| format!("m{i:05}")).collect();
-    tasks.extend(
-        keys.iter()
-            .map(|k| json!({"key": k, "task_type": "noop", "depends_on": ["root"]})),
-    );
-    tasks.push(json!({"key": "sink", "task_type": "noop", "depends_on": keys}));
-    definition(&format!("fanout-{width}"), tasks)
-}
-
-fn chain(len: usize) -> WorkflowDefinition {
-    let tasks = (0..len)
-        .map(|i| {
-            let deps: Vec<String> = if i == 0 { vec![] } else { vec![format!("t{:05}", i - 1)] };
-            json!({"key": format!("t{i:05}"), "task_type": "noop", "depends_on": deps})
-        })
-        .collect();
-    definition(&format!("chain-{len}"), tasks)
-}
-
-/// A 40-task DAG: 8 levels of 5, each task depending on two of the level above.
-fn dag40() -> WorkflowDefinition {
-    let mut tasks = Vec::new();
-    for level in 0..8 {
-        for i in 0..5 {
-            let deps: Vec<String> = if level == 0 {
-                vec![]
-            } else {
-                vec![
-                    format!("l{}t{}", level - 1, i),
-                    format!("l{}t{}", level - 1, (i + 1) % 5),
-                ]
-            };
-            tasks.push(json!({"key": format!("l{level}t{i}"), "task_type": "noop", "depends_on": deps}));
-        }
-    }
-    definition("dag-40", tasks)
-}
+use support::{chain, chain_key, dag40, definition, fanout, percentile};
 
 /// Records when each task's finish and claim were stored (monotonic clock,
 /// at the hooks, which run right after the store commits).
@@ -89,14 +47,6 @@ async fn engine(dir: &tempfile::TempDir, stamps: Option<Arc<Stamps>>) -> Embedde
         builder = builder.observer(s);
     }
     builder.build().await.expect("engine")
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
 }
 
 fn peak_rss_kib() -> u64 {
@@ -136,8 +86,8 @@ async fn bench_chain(len: usize, name: &str) -> Value {
     let succeeded = stamps.succeeded.lock().expect("lock");
     let mut hops: Vec<f64> = (1..len)
         .filter_map(|i| {
-            let prev = succeeded.get(&format!("t{:05}", i - 1))?;
-            let next = started.get(&format!("t{i:05}"))?;
+            let prev = succeeded.get(&chain_key(i - 1))?;
+            let next = started.get(&chain_key(i))?;
             Some(next.saturating_duration_since(*prev).as_secs_f64() * 1000.0)
         })
         .collect();

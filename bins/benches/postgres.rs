@@ -41,16 +41,19 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flowforge::{WorkflowDefinition, parse_definition};
+use flowforge::WorkflowDefinition;
 use flowforge_adapters_postgres::{PgOptions, PgStore, queries};
 use flowforge_app::cache::DefinitionCache;
 use flowforge_app::observers::Observers;
 use flowforge_app::scheduler::{Scheduler, SchedulerConfig};
 use flowforge_domain::TaskRunState;
-use flowforge_ports::store::{DefinitionStore, FinishResult, RunStore, TaskOutcome};
+use flowforge_ports::store::{FinishResult, RunStore, TaskOutcome};
 use flowforge_ports::{RunId, Scope, SystemClock, TaskRunId, WorkerId, WorkflowId};
 use serde_json::{Value, json};
-use support::{BenchDb, Server, median, ms, pgbench_prepare, pgbench_update, round, synchronous_commit};
+use support::{
+    BenchDb, LEASE, Server, definition, env_number, median, ms, pgbench_cmd, pgbench_prepare, pgbench_update, publish,
+    round, synchronous_commit,
+};
 
 /// Independent tasks per provisioning run of the claim+finish scenario.
 const TASKS_PER_RUN: usize = 2_000;
@@ -58,17 +61,6 @@ const TASKS_PER_RUN: usize = 2_000;
 const ACTIVE_RUNS: usize = 1_000;
 /// Spare rows per client beyond the sizing (the warm-up slice uses some).
 const WARMUP_CYCLES: usize = 20;
-/// Lease of the benchmark's claims: long, nothing is ever reaped.
-const LEASE: Duration = Duration::from_secs(600);
-
-fn env_number(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn definition(name: &str, tasks: Vec<Value>) -> WorkflowDefinition {
-    let body = serde_json::to_vec(&json!({ "name": name, "version": 1, "tasks": tasks })).expect("json");
-    parse_definition(&body).expect("a valid benchmark definition")
-}
 
 fn independent(name: &str, n: usize) -> WorkflowDefinition {
     let tasks = (0..n)
@@ -102,10 +94,6 @@ async fn open(db: &BenchDb, pool: u32) -> PgStore {
         .expect("connecting to the benchmark database");
     store.migrate().await.expect("migrating the benchmark database");
     store
-}
-
-async fn publish(store: &PgStore, def: &WorkflowDefinition) -> WorkflowId {
-    store.publish_definition(def).await.expect("publishing").id
 }
 
 /// The ready task runs (id, token) of `run`.
@@ -417,14 +405,7 @@ impl FfSql {
     /// sequence ran out stops with an error; the count of finished rows
     /// tells.
     fn slice(&mut self, db: &BenchDb, clients: u32, secs: u64) {
-        let _ = std::process::Command::new("pgbench")
-            .args(["-n", "-M", "prepared"])
-            .args(["-c", &clients.to_string(), "-j", &clients.to_string()])
-            .args(["-T", &secs.to_string()])
-            .arg("-f")
-            .arg(self.script.path())
-            .args(["-h", &db.server.host, "-p", &db.server.port, "-U", &db.server.user])
-            .arg(&db.name)
+        let _ = pgbench_cmd(db, clients, secs, self.script.path())
             .output()
             .expect("running pgbench");
         self.secs += secs as f64;

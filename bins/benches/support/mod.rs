@@ -1,8 +1,9 @@
-//! Shared by the `postgres` and `distributed` benchmarks (included by each
-//! with `mod support;`): the PostgreSQL server and throw-away databases
-//! (through `psql`, since this crate links no SQL client of its own), the
-//! pgbench conditional-UPDATE ceiling, a minimal AMQP client that deletes
-//! the queues and exchanges a benchmark declared, and statistics.
+//! Shared by the `embedded`, `postgres` and `distributed` benchmarks
+//! (included by each with `mod support;`): the benchmark workflow
+//! definitions, the PostgreSQL server and throw-away databases (through
+//! `psql`, since this crate links no SQL client of its own), the pgbench
+//! conditional-UPDATE ceiling, a minimal AMQP client that deletes the
+//! queues and exchanges a benchmark declared, and statistics.
 //!
 //! Where the server is: `PGHOST` (default 127.0.0.1), `PGPORT` (5432),
 //! `PGUSER` (postgres; trust or `PGPASSWORD` auth), read by `psql` and
@@ -11,8 +12,80 @@
 #![allow(dead_code, clippy::print_stderr)]
 
 use std::io::Write as _;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
+
+use flowforge::{WorkflowDefinition, parse_definition};
+use flowforge_ports::{DefinitionStore, WorkflowId};
+use serde_json::{Value, json};
+
+/// Lease of the benchmarks' own claims: long, nothing is ever reaped.
+pub(crate) const LEASE: Duration = Duration::from_secs(600);
+
+/// The number in environment variable `name`, or `default` when it is unset
+/// or not a number.
+pub(crate) fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// A workflow definition `name` version 1 of `tasks` (JSON task objects).
+pub(crate) fn definition(name: &str, tasks: Vec<Value>) -> WorkflowDefinition {
+    let body = serde_json::to_vec(&json!({ "name": name, "version": 1, "tasks": tasks })).expect("json");
+    parse_definition(&body).expect("a valid benchmark definition")
+}
+
+/// A `width`-wide fan-out/fan-in of noop tasks: `root`, `m00000`…, `sink`.
+pub(crate) fn fanout(width: usize) -> WorkflowDefinition {
+    let mut tasks = vec![json!({"key": "root", "task_type": "noop"})];
+    let keys: Vec<String> = (0..width).map(|i| format!("m{i:05}")).collect();
+    tasks.extend(
+        keys.iter()
+            .map(|k| json!({"key": k, "task_type": "noop", "depends_on": ["root"]})),
+    );
+    tasks.push(json!({"key": "sink", "task_type": "noop", "depends_on": keys}));
+    definition(&format!("fanout-{width}"), tasks)
+}
+
+/// The key of the `i`th task of a [`chain`].
+pub(crate) fn chain_key(i: usize) -> String {
+    format!("t{i:05}")
+}
+
+/// A chain of `len` noop tasks, each depending on the one before.
+pub(crate) fn chain(len: usize) -> WorkflowDefinition {
+    let tasks = (0..len)
+        .map(|i| {
+            let deps: Vec<String> = if i == 0 { vec![] } else { vec![chain_key(i - 1)] };
+            json!({"key": chain_key(i), "task_type": "noop", "depends_on": deps})
+        })
+        .collect();
+    definition(&format!("chain-{len}"), tasks)
+}
+
+/// A 40-task DAG: 8 levels of 5, each task depending on two of the level above.
+pub(crate) fn dag40() -> WorkflowDefinition {
+    let mut tasks = Vec::new();
+    for level in 0..8 {
+        for i in 0..5 {
+            let deps: Vec<String> = if level == 0 {
+                vec![]
+            } else {
+                vec![
+                    format!("l{}t{}", level - 1, i),
+                    format!("l{}t{}", level - 1, (i + 1) % 5),
+                ]
+            };
+            tasks.push(json!({"key": format!("l{level}t{i}"), "task_type": "noop", "depends_on": deps}));
+        }
+    }
+    definition("dag-40", tasks)
+}
+
+/// Publishes `def` in `store`; returns its id.
+pub(crate) async fn publish<S: DefinitionStore>(store: &S, def: &WorkflowDefinition) -> WorkflowId {
+    store.publish_definition(def).await.expect("publishing").id
+}
 
 /// The PostgreSQL server the benchmarks use.
 #[derive(Debug, Clone)]
@@ -178,6 +251,20 @@ pub(crate) fn pgbench_prepare(db: &BenchDb) {
     ));
 }
 
+/// A pgbench command running `script` in `db` for `secs` seconds with
+/// `clients` clients (one thread each), `-M prepared`, no vacuum.
+pub(crate) fn pgbench_cmd(db: &BenchDb, clients: u32, secs: u64, script: &Path) -> Command {
+    let mut cmd = Command::new("pgbench");
+    cmd.args(["-n", "-M", "prepared"])
+        .args(["-c", &clients.to_string(), "-j", &clients.to_string()])
+        .args(["-T", &secs.to_string()])
+        .arg("-f")
+        .arg(script)
+        .args(["-h", &db.server.host, "-p", &db.server.port, "-U", &db.server.user])
+        .arg(&db.name);
+    cmd
+}
+
 /// Runs [`PGBENCH_SCRIPT`] for `secs` seconds with `clients` clients (one
 /// thread each), `-M prepared`, no vacuum: the conditional-UPDATE ceiling.
 pub(crate) fn pgbench_update(db: &BenchDb, clients: u32, secs: u64) -> Pgbench {
@@ -186,14 +273,7 @@ pub(crate) fn pgbench_update(db: &BenchDb, clients: u32, secs: u64) -> Pgbench {
     script
         .write_all(PGBENCH_SCRIPT.as_bytes())
         .expect("writing the pgbench script");
-    let output = Command::new("pgbench")
-        .args(["-n", "-M", "prepared"])
-        .args(["-c", &clients.to_string(), "-j", &clients.to_string()])
-        .args(["-T", &secs.to_string()])
-        .arg("-f")
-        .arg(script.path())
-        .args(["-h", &db.server.host, "-p", &db.server.port, "-U", &db.server.user])
-        .arg(&db.name)
+    let output = pgbench_cmd(db, clients, secs, script.path())
         .output()
         .expect("running pgbench");
     let text = String::from_utf8_lossy(&output.stdout);
