@@ -135,14 +135,49 @@ impl Serving {
 #[derive(Default)]
 struct Driver {
     runs: RunSet,
-    nudge: Arc<Notify>,
-    loops: tokio::sync::Mutex<Option<Driving>>,
+    // One each: `notify_one` wakes a single waiter, and a run that joins
+    // may have had its start seen by both loops before it was in scope.
+    nudge_scheduler: Arc<Notify>,
+    nudge_publisher: Arc<Notify>,
+    // Held only for synchronous steps, so joining, leaving and a dropped
+    // run's guard each see the set and the loops change together.
+    loops: Mutex<Option<Driving>>,
 }
 
 struct Driving {
     stop: CancellationToken,
     done: tokio::task::JoinHandle<Result<(), Error>>,
     failed: watch::Receiver<Option<Error>>,
+}
+
+impl Driver {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Driving>> {
+        self.loops.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes `run` out; hands back the loops, told to stop, when it was
+    /// the last run.
+    fn leave(&self, run: RunId) -> Option<Driving> {
+        let mut loops = self.lock();
+        self.runs.remove(run);
+        let last = if self.runs.is_empty() { loops.take() } else { None };
+        if let Some(driving) = &last {
+            driving.stop.cancel();
+        }
+        last
+    }
+}
+
+impl Driving {
+    /// Waits for stopped loops; their error, if they failed.
+    async fn stopped(self) -> Result<(), Error> {
+        match self.done.await {
+            Ok(result) => result,
+            Err(e) => Err(Error::Store(flowforge_ports::StoreError::Other(format!(
+                "the engine's loops panicked: {e}"
+            )))),
+        }
+    }
 }
 
 /// Takes a run out of the driver if [`Engine::run`] is dropped before it
@@ -155,16 +190,9 @@ struct Leave<'a> {
 
 impl Drop for Leave<'_> {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        self.driver.runs.remove(self.run);
-        if self.driver.runs.is_empty()
-            && let Ok(mut loops) = self.driver.loops.try_lock()
-            && let Some(driving) = loops.take()
-        {
-            // The loops stop on their own; nobody is left to wait for them.
-            driving.stop.cancel();
+        if self.armed {
+            // Told to stop; nobody is left to wait for them.
+            drop(self.driver.leave(self.run));
         }
     }
 }
@@ -297,11 +325,16 @@ where
 
     /// An outbox publisher over `scope` into this engine's queue.
     pub fn publisher(&self, scope: Scope) -> OutboxPublisher<S, Q> {
+        self.publisher_nudged(scope, None)
+    }
+
+    fn publisher_nudged(&self, scope: Scope, nudge: Option<Arc<Notify>>) -> OutboxPublisher<S, Q> {
         OutboxPublisher::new(
             self.store.clone(),
             self.queue.clone(),
             PublisherConfig {
                 scope,
+                nudge,
                 ..PublisherConfig::default()
             },
         )
@@ -321,16 +354,21 @@ where
     /// `scope` (`Scope::Run` drives only that run; the worker serves
     /// whatever this engine's publisher dispatches).
     pub fn serve(&self, scope: Scope) -> Serving {
-        self.serve_nudged(scope, None)
+        self.serve_nudged(scope, None, None)
     }
 
-    fn serve_nudged(&self, scope: Scope, nudge: Option<Arc<Notify>>) -> Serving {
+    fn serve_nudged(
+        &self,
+        scope: Scope,
+        scheduler_nudge: Option<Arc<Notify>>,
+        publisher_nudge: Option<Arc<Notify>>,
+    ) -> Serving {
         let shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();
-        let scheduler = self.scheduler_nudged(scope.clone(), nudge);
+        let scheduler = self.scheduler_nudged(scope.clone(), scheduler_nudge);
         let token = shutdown.clone();
         tasks.spawn(async move { scheduler.run(token).await });
-        let publisher = self.publisher(scope);
+        let publisher = self.publisher_nudged(scope, publisher_nudge);
         let token = shutdown.clone();
         tasks.spawn(async move { publisher.run(token).await });
         let worker = Arc::clone(&self.worker);
@@ -374,7 +412,7 @@ where
             run,
             armed: true,
         };
-        let mut failed = self.drive(run).await;
+        let mut failed = self.drive(run);
         let settled = tokio::select! {
             settled = self.wait(run) => settled,
             failed = failed.wait_for(Option::is_some) => {
@@ -382,25 +420,31 @@ where
             }
         };
         leave.armed = false;
-        let stopped = self.undrive(run).await;
+        let stopped = match self.driver.leave(run) {
+            Some(driving) => driving.stopped().await,
+            None => Ok(()),
+        };
         settled?;
         stopped?;
         self.report(run).await
     }
 
-    /// Adds `run` to the shared loops, starting them if they are not
-    /// running; returns where a loop failure shows.
-    async fn drive(&self, run: RunId) -> watch::Receiver<Option<Error>> {
-        let mut loops = self.driver.loops.lock().await;
+    /// Adds `run` to the shared loops, starting them if none are running
+    /// (or the last ones failed); returns where a loop failure shows.
+    fn drive(&self, run: RunId) -> watch::Receiver<Option<Error>> {
+        let mut loops = self.driver.lock();
         self.driver.runs.insert(run);
-        if let Some(driving) = loops.as_ref() {
-            // The scheduler may have looked before the run was in its scope.
-            self.driver.nudge.notify_one();
+        if let Some(driving) = loops.as_ref()
+            && driving.failed.borrow().is_none()
+        {
+            self.driver.nudge_scheduler.notify_one();
+            self.driver.nudge_publisher.notify_one();
             return driving.failed.clone();
         }
         let mut serving = self.serve_nudged(
             Scope::Runs(self.driver.runs.clone()),
-            Some(Arc::clone(&self.driver.nudge)),
+            Some(Arc::clone(&self.driver.nudge_scheduler)),
+            Some(Arc::clone(&self.driver.nudge_publisher)),
         );
         let stop = CancellationToken::new();
         let (report, failed) = watch::channel(None);
@@ -420,25 +464,5 @@ where
             failed: failed.clone(),
         });
         failed
-    }
-
-    /// Takes `run` out of the shared loops, stopping them after the last
-    /// run; returns their error if they failed.
-    async fn undrive(&self, run: RunId) -> Result<(), Error> {
-        let mut loops = self.driver.loops.lock().await;
-        self.driver.runs.remove(run);
-        if !self.driver.runs.is_empty() {
-            return Ok(());
-        }
-        let Some(driving) = loops.take() else {
-            return Ok(());
-        };
-        driving.stop.cancel();
-        match driving.done.await {
-            Ok(result) => result,
-            Err(e) => Err(Error::Store(flowforge_ports::StoreError::Other(format!(
-                "the engine's loops panicked: {e}"
-            )))),
-        }
     }
 }

@@ -33,6 +33,17 @@ pub fn backoff(failures: u32) -> Duration {
     Duration::from_millis(fastrand::u64(cap_ms / 2..=cap_ms))
 }
 
+/// Resolves when `nudge` is poked; never without one. A loop over a
+/// [`flowforge_ports::Scope::Runs`] set selects on it beside the store's
+/// notifications: the set's owner pokes it after adding a run whose
+/// notification the loop may have seen before the run was in its scope.
+pub(crate) async fn nudged(nudge: Option<&tokio::sync::Notify>) {
+    match nudge {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -2,10 +2,12 @@
 //! batches, publish them with confirms, mark the confirmed ones in the same
 //! transaction. A broker outage rolls back: the rows stay and are retried.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use flowforge_ports::store::{Notifier, OutboxSweep, Topic};
 use flowforge_ports::{DispatchId, DispatchPublisher, QueueError, Scope, Store};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
@@ -30,6 +32,9 @@ pub struct PublisherConfig {
     pub batch: u32,
     /// The slow periodic sweep that only backs up the notifications.
     pub safety_net: Duration,
+    /// Wakes the loop like a store notification does (see
+    /// [`Scope::Runs`]: its owner pokes it after adding a run).
+    pub nudge: Option<Arc<Notify>>,
 }
 
 impl Default for PublisherConfig {
@@ -38,6 +43,7 @@ impl Default for PublisherConfig {
             scope: Scope::All,
             batch: 500,
             safety_net: Duration::from_secs(30),
+            nudge: None,
         }
     }
 }
@@ -131,6 +137,7 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 () = notifier.notified(Topic::Publisher) => {}
+                () = crate::nudged(self.config.nudge.as_deref()) => {}
                 () = tokio::time::sleep(self.config.safety_net) => {}
             }
         }

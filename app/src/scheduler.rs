@@ -65,9 +65,8 @@ pub struct SchedulerConfig {
     pub batch: u32,
     /// The slow periodic pass that only backs up the notifications.
     pub safety_net: Duration,
-    /// Wakes the loop like a store notification does: the owner of a
-    /// [`Scope::Runs`] set pokes it after adding a run, whose start the
-    /// loop may have seen before the run was in its scope.
+    /// Wakes the loop like a store notification does (see
+    /// [`Scope::Runs`]: its owner pokes it after adding a run).
     pub nudge: Option<Arc<Notify>>,
 }
 
@@ -224,18 +223,17 @@ impl<S: Store> Scheduler<S> {
         // a forward task is active the run cannot settle: index lookups
         // decide that, and only a settled run's tasks are counted.
         let activity = pass.activity().await?;
-        let tally = if activity.any_active {
-            TaskTally {
+        let (tally, mut verdict) = if activity.any_active {
+            // Only `any_started` of an unsettled run's tally is ever read.
+            let tally = TaskTally {
                 any_started: activity.any_started,
                 ..TaskTally::default()
-            }
+            };
+            (tally, Verdict::unsettled(activity.any_started))
         } else {
-            pass.tally().await?
-        };
-        let mut verdict = if activity.any_active {
-            Verdict::unsettled(activity.any_started)
-        } else {
-            derive_run_state(&tally, CompensationProgress::NotStarted)
+            let tally = pass.tally().await?;
+            let verdict = derive_run_state(&tally, CompensationProgress::NotStarted);
+            (tally, verdict)
         };
         if verdict == Verdict::Compensating {
             let succeeded = pass.succeeded_keys().await?;
@@ -304,16 +302,17 @@ impl<S: Store> Scheduler<S> {
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
         let notifier = self.store.notifier().await?;
         let mut failures = 0u32;
-        let mut last_reap: Option<Instant> = None;
+        let mut last_reap = Instant::now();
+        // True at first: the first pass reaps.
         let mut timer_fired = true;
         loop {
             // Leases last tens of seconds: looking for expired ones on every
             // wake-up would put a query on every hop for nothing. Reap when
             // the deadline timer fired (a lease may have just expired) and
             // at least every REAP_EVERY otherwise.
-            let reap = timer_fired || last_reap.is_none_or(|at| at.elapsed() >= REAP_EVERY);
+            let reap = timer_fired || last_reap.elapsed() >= REAP_EVERY;
             if reap {
-                last_reap = Some(Instant::now());
+                last_reap = Instant::now();
             }
             let idle;
             match self.pass(reap).await {
@@ -341,7 +340,7 @@ impl<S: Store> Scheduler<S> {
             let mut wake = std::pin::pin!(async {
                 tokio::select! {
                     () = notifier.notified(Topic::Scheduler) => {}
-                    () = nudged(self.config.nudge.as_deref()) => {}
+                    () = crate::nudged(self.config.nudge.as_deref()) => {}
                 }
             });
             if futures_util::FutureExt::now_or_never(wake.as_mut()).is_some() {
@@ -375,14 +374,6 @@ impl<S: Store> Scheduler<S> {
     /// The store this scheduler drives.
     pub fn store(&self) -> &S {
         &self.store
-    }
-}
-
-/// Resolves when `nudge` is poked; never without one.
-async fn nudged(nudge: Option<&Notify>) {
-    match nudge {
-        Some(n) => n.notified().await,
-        None => std::future::pending().await,
     }
 }
 
