@@ -177,13 +177,8 @@ CREATE INDEX taskrun_needs_pass_idx ON task_run (run_id) WHERE needs_pass;
 CREATE INDEX taskrun_retry_due_idx ON task_run (retry_at) WHERE state = 'retrying';
 -- reap_expired_leases, next_deadline: the reaper's scan of running leases.
 CREATE INDEX taskrun_lease_expiry_idx ON task_run (lease_expires_at) WHERE state = 'running';
--- A pass's per-run queries over active rows: promotion, cancellation, and
--- activity (is anything still moving?), so a pass never walks finished rows.
--- Unlike PostgreSQL's it carries pending_deps: a pass promotes the pending
--- rows at zero by an index search instead of visiting every pending row of
--- the run (a long chain's), three times per pass (event, dispatch, UPDATE).
-CREATE INDEX taskrun_active_idx ON task_run (run_id, state, pending_deps)
-    WHERE state IN ('pending', 'ready', 'running', 'retrying');
+-- A pass's per-run queries over waiting rows (promotion, cancellation).
+CREATE INDEX taskrun_waiting_idx ON task_run (run_id, state) WHERE state IN ('pending', 'ready', 'retrying');
 -- runs_with_work: cancel requests not yet handled.
 CREATE INDEX workflowrun_needs_pass_idx ON workflow_run (id) WHERE needs_pass;
 -- list_runs: newest first.
