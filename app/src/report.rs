@@ -211,7 +211,13 @@ impl RunReport {
     /// Events are grouped by task, because tasks that run in parallel may
     /// interleave differently; each task's own sequence is kept.
     pub fn comparable(&self) -> Value {
-        let mut v = serde_json::to_value(self).unwrap_or(Value::Null);
+        Self::comparable_json(&serde_json::to_value(self).unwrap_or(Value::Null))
+    }
+
+    /// [`RunReport::comparable`] of a report read back as JSON (what
+    /// `flowforge run --output json` and `runs get --output json` print).
+    pub fn comparable_json(report: &Value) -> Value {
+        let mut v = report.clone();
         if let Some(map) = v.as_object_mut()
             && let Some(Value::Array(events)) = map.remove("events")
         {

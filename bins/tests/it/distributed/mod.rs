@@ -41,7 +41,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use sqlx::{Connection as _, PgConnection};
 
 const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -638,38 +638,9 @@ pub(crate) async fn settled(store: &PgStore, run: RunId) -> RunDetail {
 }
 
 /// A JSON run report (DESIGN §7) in the form two runs of the same
-/// definition and input must agree on: `RunReport::comparable` for a
-/// report read back from JSON — events grouped by task (parallel tasks
-/// interleave differently), ids, times, tokens and worker names dropped.
+/// definition and input must agree on.
 pub(crate) fn comparable(report: &Value) -> Value {
-    let mut v = report.clone();
-    if let Some(map) = v.as_object_mut()
-        && let Some(Value::Array(events)) = map.remove("events")
-    {
-        let mut by_task = Map::new();
-        for e in events {
-            let task = e.get("task").and_then(Value::as_str).unwrap_or("(run)").to_owned();
-            if let Value::Array(list) = by_task.entry(task).or_insert_with(|| Value::Array(Vec::new())) {
-                list.push(e);
-            }
-        }
-        map.insert("events".to_owned(), Value::Object(by_task));
-    }
-    strip(&mut v);
-    v
-}
-
-fn strip(v: &mut Value) {
-    match v {
-        Value::Object(map) => {
-            for key in ["run_id", "started_at", "finished_at", "at", "token", "worker"] {
-                map.remove(key);
-            }
-            map.values_mut().for_each(strip);
-        }
-        Value::Array(items) => items.iter_mut().for_each(strip),
-        _ => {}
-    }
+    flowforge_app::RunReport::comparable_json(report)
 }
 
 /// Asserts two comparable reports are equal, showing both in full when not.
