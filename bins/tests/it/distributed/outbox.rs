@@ -247,7 +247,7 @@ async fn rows_a_crashed_publisher_never_published_are_delivered_by_a_fresh_one()
     start_independent(&store, "crash-window", 4).await;
     let rows = outbox(&store).await;
 
-    // The crashing process: its own pool and broker connection; its sweep
+    // The crashing process, at the store level: its own pool; its sweep
     // takes the rows, then it dies before publishing anything.
     {
         let doomed = db.store().await;
@@ -257,11 +257,6 @@ async fn rows_a_crashed_publisher_never_published_are_delivered_by_a_fresh_one()
             .expect("a sweep")
             .expect("rows to sweep");
         assert_eq!(sweep.dispatches().len(), 4);
-        let _publisher = OutboxPublisher::new(
-            doomed.clone(),
-            RabbitPublisher::new(broker.config()).expect("a valid config"),
-            PublisherConfig::default(),
-        );
         drop(sweep);
         doomed.pool().close().await;
     }

@@ -6,7 +6,6 @@
 //! another type: the sweep fails without retrying and the row stays.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use flowforge::{BuiltinOptions, HandlerRegistry};
 use flowforge_adapters_rabbit::{RabbitPublisher, RabbitQueue};
@@ -19,7 +18,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::cluster::Cluster;
-use super::{Broker, PATIENCE, TestDb, both_services, independent_tasks, outbox, within};
+use super::{Broker, TestDb, both_services, independent_tasks, outbox, within};
 
 /// What the mismatch error must tell an operator (spec 000's five steps).
 #[track_caller]
@@ -81,12 +80,11 @@ async fn a_flowforge_worker_over_a_classic_queue_exits_4_with_the_procedure() {
         return;
     };
     cluster.broker.declare_classic_queue().await;
-    let started = Instant::now();
     let worker = cluster.spawn("worker", ["worker", "--concurrency", "2"]);
+    // A worker that retried would never exit: exiting at all is the proof.
     let code = cluster.wait_exit(worker).await;
     let stderr = cluster.stderr(worker);
     assert_eq!(code, 4, "an infrastructure error the worker cannot retry: {stderr}");
-    assert!(started.elapsed() < PATIENCE);
     assert_carries_the_procedure(&stderr, &cluster.broker.queue);
 }
 
