@@ -156,7 +156,7 @@ impl RunPass for PgRunPass {
 
     async fn satisfy_dependencies(&mut self, done: &[(String, u32)]) -> Result<Vec<String>, StoreError> {
         self.activity = None;
-        let store = self.store.clone();
+        let offset = self.store.offset();
         // One UPDATE for the whole batch: a row named twice gets the sum
         // (an UPDATE … FROM would apply only one of its matches).
         let mut sums: BTreeMap<&str, i64> = BTreeMap::new();
@@ -171,7 +171,7 @@ impl RunPass for PgRunPass {
                 .map(|n| i32::try_from(*n).map_err(|_| StoreError::Other(format!("dependency count {n} is too large"))))
                 .collect::<Result<Vec<i32>, _>>()?;
             let rows: Vec<(String, bool)> = sqlx::query_as(queries::LOWER_AND_PROMOTE)
-                .bind(store.offset())
+                .bind(offset)
                 .bind(self.run.id.0)
                 .bind(self.run.workflow_id.0)
                 .bind(&keys)
@@ -189,11 +189,11 @@ impl RunPass for PgRunPass {
     }
 
     async fn promote_due_retries(&mut self) -> Result<Vec<String>, StoreError> {
-        let store = self.store.clone();
+        let offset = self.store.offset();
         let not_pending = self.run.state != RunState::Pending;
         let (keys, woke, any_active, any_started): (Vec<String>, bool, bool, bool) =
             sqlx::query_as(queries::PROMOTE_RETRIES)
-                .bind(store.offset())
+                .bind(offset)
                 .bind(self.run.id.0)
                 .bind(self.run.workflow_id.0)
                 .bind(not_pending)
@@ -210,12 +210,12 @@ impl RunPass for PgRunPass {
 
     async fn cancel_pending(&mut self, keys: &[String], reason: CancelReason) -> Result<Vec<String>, StoreError> {
         self.activity = None;
-        let store = self.store.clone();
+        let offset = self.store.offset();
         if keys.is_empty() {
             return Ok(Vec::new());
         }
         sqlx::query_scalar(queries::CANCEL_PENDING)
-            .bind(store.offset())
+            .bind(offset)
             .bind(self.run.id.0)
             .bind(keys)
             .bind(reason.as_str())
@@ -226,9 +226,9 @@ impl RunPass for PgRunPass {
 
     async fn cancel_waiting(&mut self) -> Result<Vec<String>, StoreError> {
         self.activity = None;
-        let store = self.store.clone();
+        let offset = self.store.offset();
         sqlx::query_scalar(queries::CANCEL_WAITING)
-            .bind(store.offset())
+            .bind(offset)
             .bind(self.run.id.0)
             .fetch_all(self.conn()?)
             .await
@@ -306,9 +306,9 @@ impl RunPass for PgRunPass {
 
     async fn create_compensator(&mut self, key: &str, compensate_for: &str) -> Result<bool, StoreError> {
         self.activity = None;
-        let store = self.store.clone();
+        let offset = self.store.offset();
         let (known, created, woke): (bool, bool, bool) = sqlx::query_as(queries::CREATE_COMPENSATOR)
-            .bind(store.offset())
+            .bind(offset)
             .bind(self.run.id.0)
             .bind(self.run.workflow_id.0)
             .bind(key)
@@ -328,7 +328,7 @@ impl RunPass for PgRunPass {
 
     async fn transition_run(&mut self, edge: RunTransition) -> Result<bool, StoreError> {
         self.activity = None;
-        let store = self.store.clone();
+        let offset = self.store.offset();
         let Some(t) = run_machine().get(edge) else {
             return Err(StoreError::Other(format!("'{edge}' is not a WorkflowRun transition")));
         };
@@ -342,7 +342,7 @@ impl RunPass for PgRunPass {
         }
         let terminal = run_machine().is_terminal(t.target);
         let (moved, woke): (bool, bool) = sqlx::query_as(queries::TRANSITION_RUN)
-            .bind(store.offset())
+            .bind(offset)
             .bind(self.run.id.0)
             .bind(t.source.as_str())
             .bind(t.target.as_str())

@@ -31,6 +31,36 @@ macro_rules! event_insert {
     };
 }
 
+/// The tail of a promotion to ready: closes the `moved` CTE (the rows made
+/// ready: id, run_id, task_key, attempt, fencing_token), then writes each
+/// row's `$edge` event from `$from` and its outbox row (task type from
+/// workflow `$3`) in CTEs `event` and `dispatched`.
+macro_rules! made_ready {
+    ($edge:literal, $from:literal) => {
+        concat!(
+            "), event AS (\n    ",
+            event_insert!(),
+            "SELECT id, run_id, task_key, '",
+            $edge,
+            "', '",
+            $from,
+            "', 'ready', attempt, fencing_token, NULL, ",
+            now!(),
+            ", NULL FROM moved ORDER BY id
+), dispatched AS (
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
+            now!(),
+            "
+    FROM moved AS m JOIN task AS t ON t.workflow_id = $3 AND t.key = m.task_key
+    ORDER BY m.id
+    ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
+    RETURNING id
+)"
+        )
+    };
+}
+
 /// Whether a CTE produced a row: tells Rust which wake-ups the write owes.
 macro_rules! any_row {
     ($cte:literal) => {
@@ -418,8 +448,7 @@ SELECT (SELECT count(*) FROM requested) > 0 AS requested, ",
 );
 
 /// request_cancel, when nothing was recorded: why. `$1` run.
-pub const RUN_CANCEL_STATE: &str =
-    "SELECT state, cancel_requested_at IS NOT NULL AS cancel_requested FROM workflow_run WHERE id = $1";
+pub const RUN_STATE: &str = "SELECT state FROM workflow_run WHERE id = $1";
 
 /// task_inputs: the run input and the outputs of the named task runs
 /// (served by `uniq_taskrun_run_key`). `$1` run, `$2` keys.
@@ -516,22 +545,9 @@ pub const LOWER_AND_PROMOTE: &str = concat!(
     RETURNING tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.state
 ), moved AS (
     SELECT id, run_id, task_key, attempt, fencing_token FROM lowered WHERE state = 'ready'
-), event AS (
-    ",
-    event_insert!(),
-    "SELECT id, run_id, task_key, 'dependencies_satisfied', 'pending', 'ready', attempt, fencing_token, NULL, ",
-    now!(),
-    ", NULL FROM moved ORDER BY id
-), dispatched AS (
-    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
-    SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
-    now!(),
+",
+    made_ready!("dependencies_satisfied", "pending"),
     "
-    FROM moved AS m JOIN task AS t ON t.workflow_id = $3 AND t.key = m.task_key
-    ORDER BY m.id
-    ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
-    RETURNING id
-)
 SELECT m.task_key, ",
     any_row!("dispatched"),
     " AS woke FROM moved AS m ORDER BY m.id"
@@ -551,22 +567,9 @@ pub const PROMOTE_RETRIES: &str = concat!(
     now!(),
     "
     RETURNING id, run_id, task_key, attempt, fencing_token
-), event AS (
-    ",
-    event_insert!(),
-    "SELECT id, run_id, task_key, 'retry_ready', 'retrying', 'ready', attempt, fencing_token, NULL, ",
-    now!(),
-    ", NULL FROM moved ORDER BY id
-), dispatched AS (
-    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
-    SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
-    now!(),
+",
+    made_ready!("retry_ready", "retrying"),
     "
-    FROM moved AS m JOIN task AS t ON t.workflow_id = $3 AND t.key = m.task_key
-    ORDER BY m.id
-    ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
-    RETURNING id
-)
 SELECT COALESCE((SELECT array_agg(task_key ORDER BY id) FROM moved), '{}') AS keys, ",
     any_row!("dispatched"),
     " AS woke,

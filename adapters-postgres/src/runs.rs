@@ -51,10 +51,6 @@ pub(crate) fn scope_runs(scope: &Scope) -> Option<Vec<Uuid>> {
     scope.run_ids().map(|runs| runs.into_iter().map(|r| r.0).collect())
 }
 
-fn limit(n: u32) -> i64 {
-    i64::from(n)
-}
-
 impl PgStore {
     /// Announces the wake-ups a committed write owes: this process's
     /// waiters at once, other processes' by NOTIFY.
@@ -211,12 +207,12 @@ impl RunStore for PgStore {
         if requested {
             return Ok(Some(CancelOutcome::Requested));
         }
-        let row: Option<(String, bool)> = sqlx::query_as(queries::RUN_CANCEL_STATE)
+        let state: Option<String> = sqlx::query_scalar(queries::RUN_STATE)
             .bind(run.0)
             .fetch_optional(&self.inner.pool)
             .await
             .map_err(store_error)?;
-        let Some((state, _)) = row else {
+        let Some(state) = state else {
             return Ok(None);
         };
         let state: RunState = parse_name(&state, "workflow_run.state")?;
@@ -323,7 +319,7 @@ impl RunStore for PgStore {
         let mut tx = self.inner.pool.begin().await.map_err(store_error)?;
         let rows: Vec<ReapRow> = sqlx::query_as(queries::REAP)
             .bind(self.offset())
-            .bind(limit(limit_to))
+            .bind(i64::from(limit_to))
             .bind(scope_runs(&scope))
             .fetch_all(&mut *tx)
             .await
@@ -381,7 +377,7 @@ impl RunStore for PgStore {
     async fn runs_with_work(&self, scope: Scope, limit_to: u32) -> Result<Vec<RunId>, StoreError> {
         let ids: Vec<Uuid> = sqlx::query_scalar(queries::RUNS_WITH_WORK)
             .bind(self.offset())
-            .bind(limit(limit_to))
+            .bind(i64::from(limit_to))
             .bind(scope_runs(&scope))
             .fetch_all(&self.inner.pool)
             .await
@@ -448,7 +444,7 @@ impl RunStore for PgStore {
 
     async fn list_runs(&self, limit_to: u32) -> Result<Vec<RunSummary>, StoreError> {
         let rows: Vec<SummaryRow> = sqlx::query_as(queries::LIST_RUNS)
-            .bind(limit(limit_to))
+            .bind(i64::from(limit_to))
             .fetch_all(&self.inner.pool)
             .await
             .map_err(store_error)?;
