@@ -696,3 +696,72 @@ async fn task_inputs_agree_from_memory_and_from_the_database() {
     let missing = store.task_inputs(run, &["b".to_owned()]).await.expect("task_inputs");
     assert!(missing.outputs.is_empty(), "b has not succeeded");
 }
+
+/// The migrations as released, by version and SHA-384 (sqlx's checksum).
+/// sqlx refuses a database whose applied migration has changed since, so
+/// editing one would lock every existing database out: change the schema
+/// in a new migration instead.
+const RELEASED_MIGRATIONS: &[(i64, &str)] = &[(
+    20261129000001,
+    "b62b6713786b34fe2a862dd29fb633e245d82f83a7d626fc3f7dfd9cf3ab6d197b6411f071a3876fb262eaf2dc0744db",
+)];
+
+/// A released migration is never edited, and a database made by the first
+/// release (its migration alone) opens and is brought up to date.
+#[tokio::test]
+async fn a_database_of_the_first_release_opens_and_is_migrated() {
+    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let current = sqlx::migrate::Migrator::new(folder.as_path())
+        .await
+        .expect("the migrations");
+    for (version, checksum) in RELEASED_MIGRATIONS {
+        let migration = current
+            .iter()
+            .find(|m| m.version == *version)
+            .unwrap_or_else(|| panic!("released migration {version} is gone"));
+        let hex: String = migration.checksum.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(&hex, checksum, "released migration {version} was edited");
+    }
+
+    let dir = tempfile::tempdir().expect("a temp folder");
+    let first_release = dir.path().join("migrations");
+    std::fs::create_dir(&first_release).expect("a folder");
+    let first = "20261129000001_create_schema.sql";
+    std::fs::copy(folder.join(first), first_release.join(first)).expect("copy");
+    let path = dir.path().join("old.db");
+    let mut conn = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .connect()
+        .await
+        .expect("a new file");
+    sqlx::migrate::Migrator::new(first_release.as_path())
+        .await
+        .expect("the first release's migrations")
+        .run(&mut conn)
+        .await
+        .expect("applied");
+    conn.close().await.expect("close");
+
+    let store = open(&path).await;
+    let run = store
+        .start_run(
+            store
+                .publish_definition(&definition(chain()))
+                .await
+                .expect("publish")
+                .id,
+            json!({}),
+        )
+        .await
+        .expect("a run on the upgraded schema");
+    assert!(store.get_run(run).await.expect("get_run").is_some());
+    let mut conn = raw(&path).await;
+    let indexes: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'taskrun_%_idx'")
+            .fetch_all(&mut conn)
+            .await
+            .expect("indexes");
+    assert!(indexes.iter().any(|i| i == "taskrun_active_idx"), "{indexes:?}");
+    assert!(!indexes.iter().any(|i| i == "taskrun_waiting_idx"), "{indexes:?}");
+}
