@@ -1744,9 +1744,17 @@ pub async fn a_cancel_request_does_not_stop_a_rollback<F: StoreFactory>(factory:
     let reaped = s.reap_expired_leases(Scope::Run(run), 10).await.expect("reap");
     assert_eq!(reaped.len(), 1);
     assert!(!reaped[0].cancelled, "a compensator's lease is reaped, not cancelled");
+    assert_eq!(reaped[0].transition, flowforge_domain::TaskTransition::ReapLease);
     let again = view(&s, run, "undo_a").await;
     assert_eq!(again.state, TaskRunState::Ready);
     assert!(again.token > undo.token);
+    assert!(
+        dispatches_of(&s, run, "undo_a")
+            .await
+            .iter()
+            .any(|d| d.fencing_token == again.token),
+        "re-dispatched at the new token"
+    );
     let redo = claim(&s, run, "undo_a", "w2", LONG).await;
     finish(&s, &redo, "w2", succeeded(json!({"undone": true}))).await;
     assert_eq!(view(&s, run, "undo_a").await.state, TaskRunState::Succeeded);
@@ -1776,6 +1784,26 @@ pub async fn activity_says_whether_forward_tasks_still_move<F: StoreFactory>(fac
     assert!(!done.any_active && done.any_started, "{done:?}");
     assert_eq!(tally.active(), 0);
     assert_eq!(tally.succeeded, 1);
+    p.commit().await.expect("commit");
+
+    // A ready compensator is not forward work: the rollback does not keep
+    // the run's forward tasks "moving".
+    let run = start(&s, chain()).await;
+    let a = claim(&s, run, "a", "w", LONG).await;
+    finish(&s, &a, "w", succeeded(json!({}))).await;
+    let mut p = pass(&s, run).await;
+    p.take_flagged().await.expect("take_flagged");
+    let mut cancelled = p
+        .cancel_pending(&["b".to_owned(), "c".to_owned()], CancelReason::User)
+        .await
+        .expect("cancel_pending");
+    cancelled.sort();
+    assert_eq!(cancelled, ["b", "c"]);
+    assert!(p.create_compensator("undo_a", "a").await.expect("create"));
+    let rolling_back = p.activity().await.expect("activity");
+    assert!(!rolling_back.any_active && rolling_back.any_started, "{rolling_back:?}");
+    assert_eq!(p.tally().await.expect("tally").active(), 0);
+    p.commit().await.expect("commit");
 }
 
 /// `transition_run` applies WorkflowRun edges legal from the stored state,

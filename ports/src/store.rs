@@ -719,17 +719,9 @@ pub trait RunPass: Send + 'static {
     /// running or retrying) and whether any task run has started, as of now
     /// in the transaction. A pass asks this first and counts with
     /// [`RunPass::tally`] only once nothing is active, so a pass over a wide
-    /// run costs index lookups, not a scan of its rows. The default derives
-    /// it from `tally`; stores override it with cheaper queries.
-    fn activity(&mut self) -> impl Future<Output = Result<Activity, StoreError>> + Send {
-        async {
-            let tally = self.tally().await?;
-            Ok(Activity {
-                any_active: tally.active() > 0,
-                any_started: tally.any_started,
-            })
-        }
-    }
+    /// run costs index lookups, not a scan of its rows: answer it without
+    /// counting.
+    fn activity(&mut self) -> impl Future<Output = Result<Activity, StoreError>> + Send;
 
     /// Keys of the succeeded forward task runs.
     fn succeeded_keys(&mut self) -> impl Future<Output = Result<BTreeSet<String>, StoreError>> + Send;
