@@ -26,6 +26,8 @@ async fn another_stores_commits_wake_this_stores_loops() {
     let (listener, _) = db.store().await;
     let (writer, _) = db.store().await;
     let n = listener.notifier().await.unwrap();
+    // A second handle: it shows when the notification has arrived.
+    let witness = listener.notifier().await.unwrap();
     assert!(!woken(&n, Topic::Publisher, QUIET).await, "nothing happened yet");
 
     let wf = writer
@@ -36,8 +38,13 @@ async fn another_stores_commits_wake_this_stores_loops() {
         .unwrap()
         .id;
     let run = writer.start_run(wf, json!({})).await.unwrap();
-    // Sent while nobody waited: kept for the next wait.
-    assert!(woken(&n, Topic::Publisher, SOON).await);
+    // Arrived while nobody waited on `n`: kept for its next wait, which
+    // then returns at once.
+    assert!(woken(&witness, Topic::Publisher, SOON).await);
+    assert!(
+        woken(&n, Topic::Publisher, Duration::ZERO).await,
+        "the wake was not kept"
+    );
     assert!(woken(&n, Topic::Scheduler, SOON).await);
 
     let (id, token) = ready(&writer, run, "a").await;
@@ -124,15 +131,29 @@ async fn a_lost_listening_connection_wakes_every_topic_and_listens_again() {
         .await
         .unwrap()
         .id;
-    let mut heard = false;
-    for _ in 0..50 {
-        // Drain any wake-all from the reconnect, then provoke a fresh one.
-        while woken(&n, Topic::Publisher, Duration::from_millis(10)).await {}
-        writer.start_run(wf, json!({})).await.unwrap();
-        if woken(&n, Topic::Publisher, Duration::from_millis(500)).await {
-            heard = true;
+    // Wait for the new listening backend to have sent its LISTENs; the
+    // reconnect's wake-all follows at once, so a quiet spell drains it and
+    // what wakes the loop afterwards can only be a notification heard.
+    let patience = std::time::Instant::now();
+    loop {
+        let listening: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = 'flowforge-listener'
+               AND query LIKE 'LISTEN%'",
+        )
+        .fetch_one(&raw)
+        .await
+        .unwrap();
+        if listening == 1 {
             break;
         }
+        assert!(patience.elapsed() < SOON * 6, "the listener never came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(heard, "the listener never came back");
+    while woken(&n, Topic::Publisher, QUIET).await {}
+    writer.start_run(wf, json!({})).await.unwrap();
+    assert!(
+        woken(&n, Topic::Publisher, SOON).await,
+        "another store's commit was not heard after the reconnect"
+    );
 }
