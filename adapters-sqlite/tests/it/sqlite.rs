@@ -693,6 +693,27 @@ async fn task_inputs_agree_from_memory_and_from_the_database() {
     assert_eq!(read.run_input, json!({"in": 1}));
     // Its read is remembered too, and still agrees.
     assert_eq!(fresh.task_inputs(run, &keys).await.expect("task_inputs"), read);
+    // Both now answer from memory: an edit behind their backs (no writer
+    // makes one: a succeeded output never changes) reaches only a store
+    // with nothing in memory.
+    let mut conn = raw(&path).await;
+    sqlx::query("UPDATE task_run SET result = '{\"edited\": true}' WHERE run_id = ?1 AND task_key = 'a'")
+        .bind(run.to_string())
+        .execute(&mut conn)
+        .await
+        .expect("the edit");
+    assert_eq!(store.task_inputs(run, &keys).await.expect("task_inputs"), read);
+    assert_eq!(fresh.task_inputs(run, &keys).await.expect("task_inputs"), read);
+    let third = open(&path).await;
+    assert_eq!(
+        third
+            .task_inputs(run, &keys)
+            .await
+            .expect("task_inputs")
+            .outputs
+            .get("a"),
+        Some(&json!({"edited": true}))
+    );
     let missing = store.task_inputs(run, &["b".to_owned()]).await.expect("task_inputs");
     assert!(missing.outputs.is_empty(), "b has not succeeded");
 }
