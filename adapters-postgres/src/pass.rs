@@ -249,20 +249,7 @@ impl RunPass for PgRunPass {
                 .map(|r| parse_name::<CancelReason>(&r, "task_run.cancel_reason"))
                 .transpose()?;
             let count = u64::try_from(row.n).unwrap_or_default();
-            let counter = match state {
-                TaskRunState::Pending => &mut tally.pending,
-                TaskRunState::Ready => &mut tally.ready,
-                TaskRunState::Running => &mut tally.running,
-                TaskRunState::Retrying => &mut tally.retrying,
-                TaskRunState::Succeeded => &mut tally.succeeded,
-                TaskRunState::Failed => &mut tally.failed,
-                TaskRunState::Cancelled => match reason {
-                    Some(CancelReason::UpstreamFailed) => &mut tally.cancelled_upstream,
-                    Some(CancelReason::User) | None => &mut tally.cancelled_by_user,
-                },
-            };
-            *counter += count;
-            tally.any_started |= row.any_started.unwrap_or(false);
+            tally.add_count(state, reason, count, row.any_started.unwrap_or(false));
         }
         Ok(tally)
     }

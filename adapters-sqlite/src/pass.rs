@@ -646,20 +646,7 @@ impl RunPass for SqlitePass {
             let started: bool = col(row, 3)?;
             let state: TaskRunState = name("task_run.state", &state)?;
             let reason: Option<CancelReason> = opt_name("task_run.cancel_reason", reason.as_deref())?;
-            let slot = match state {
-                TaskRunState::Pending => &mut tally.pending,
-                TaskRunState::Ready => &mut tally.ready,
-                TaskRunState::Running => &mut tally.running,
-                TaskRunState::Retrying => &mut tally.retrying,
-                TaskRunState::Succeeded => &mut tally.succeeded,
-                TaskRunState::Failed => &mut tally.failed,
-                TaskRunState::Cancelled => match reason {
-                    Some(CancelReason::UpstreamFailed) => &mut tally.cancelled_upstream,
-                    Some(CancelReason::User) | None => &mut tally.cancelled_by_user,
-                },
-            };
-            *slot += count;
-            tally.any_started |= started;
+            tally.add_count(state, reason, count, started);
         }
         Ok(tally)
     }

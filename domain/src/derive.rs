@@ -33,18 +33,25 @@ pub struct TaskTally {
 impl TaskTally {
     /// Counts one task run.
     pub fn add(&mut self, state: TaskRunState, reason: Option<CancelReason>, started: bool) {
-        match state {
-            TaskRunState::Pending => self.pending += 1,
-            TaskRunState::Ready => self.ready += 1,
-            TaskRunState::Running => self.running += 1,
-            TaskRunState::Retrying => self.retrying += 1,
-            TaskRunState::Succeeded => self.succeeded += 1,
-            TaskRunState::Failed => self.failed += 1,
+        self.add_count(state, reason, 1, started);
+    }
+
+    /// Counts `n` task runs alike (a store's `GROUP BY` row); `started`
+    /// when any of them started.
+    pub fn add_count(&mut self, state: TaskRunState, reason: Option<CancelReason>, n: u64, started: bool) {
+        let counter = match state {
+            TaskRunState::Pending => &mut self.pending,
+            TaskRunState::Ready => &mut self.ready,
+            TaskRunState::Running => &mut self.running,
+            TaskRunState::Retrying => &mut self.retrying,
+            TaskRunState::Succeeded => &mut self.succeeded,
+            TaskRunState::Failed => &mut self.failed,
             TaskRunState::Cancelled => match reason {
-                Some(CancelReason::UpstreamFailed) => self.cancelled_upstream += 1,
-                Some(CancelReason::User) | None => self.cancelled_by_user += 1,
+                Some(CancelReason::UpstreamFailed) => &mut self.cancelled_upstream,
+                Some(CancelReason::User) | None => &mut self.cancelled_by_user,
             },
-        }
+        };
+        *counter += n;
         self.any_started |= started;
     }
 
@@ -203,6 +210,25 @@ mod tests {
         TaskRunState::Retrying,
         TaskRunState::Cancelled,
     ];
+
+    proptest! {
+        /// A store's grouped count is the same tally as adding the rows one by one.
+        #[test]
+        fn add_count_is_repeated_add(
+            rows in proptest::collection::vec((0..7usize, any::<bool>(), 0..5u64, any::<bool>()), 0..10)
+        ) {
+            let (mut grouped, mut single) = (TaskTally::default(), TaskTally::default());
+            for (state, upstream, n, started) in rows {
+                let reason = (STATES[state] == TaskRunState::Cancelled)
+                    .then_some(if upstream { CancelReason::UpstreamFailed } else { CancelReason::User });
+                grouped.add_count(STATES[state], reason, n, started && n > 0);
+                for _ in 0..n {
+                    single.add(STATES[state], reason, started);
+                }
+            }
+            prop_assert_eq!(grouped, single);
+        }
+    }
 
     fn tally(states: &[(TaskRunState, Option<CancelReason>)], started: bool) -> TaskTally {
         let mut t = TaskTally::default();
