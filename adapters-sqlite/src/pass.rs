@@ -73,9 +73,9 @@ pub struct SqlitePass {
     key: String,
     inner: Arc<Inner>,
     flags: Flags,
-    /// The run's activity as of the last call; `None` once a call may have
-    /// changed it without measuring.
-    measured: Option<Measured>,
+    /// The run's activity as of the last call: every call of a pass ends by
+    /// measuring it.
+    measured: Measured,
     /// A task run changed since `begin_pass` (so a flagged row read then
     /// may have changed too).
     changed: bool,
@@ -236,6 +236,7 @@ macro_rules! batch_dispatch {
 
 #[cfg(test)]
 pub(crate) const TAKE_FLAGGED: &str = take_flagged!();
+#[cfg(test)]
 pub(crate) const ACTIVITY: &str = activity!();
 #[cfg(test)]
 pub(crate) const LOWER_PENDING: &str = lower_pending!();
@@ -434,19 +435,17 @@ const SUCCEEDED_KEYS: &str =
 const COMPENSATOR_STATES: &str =
     "SELECT task_key, state FROM task_run WHERE run_id = ?1 AND compensate_for IS NOT NULL ORDER BY id";
 
-fn measured(rows: &[SqliteRow]) -> Result<Option<Measured>, StoreError> {
-    tagged(rows, MEASURED)
+fn measured(rows: &[SqliteRow]) -> Result<Measured, StoreError> {
+    let r = tagged(rows, MEASURED)
         .next()
-        .map(|r| {
-            Ok(Measured {
-                activity: Activity {
-                    any_active: col(r, 1)?,
-                    any_started: col(r, 2)?,
-                },
-                any_retrying: col(r, 3)?,
-            })
-        })
-        .transpose()
+        .ok_or_else(|| StoreError::Other("a scheduler pass call did not measure the run".into()))?;
+    Ok(Measured {
+        activity: Activity {
+            any_active: col(r, 1)?,
+            any_started: col(r, 2)?,
+        },
+        any_retrying: col(r, 3)?,
+    })
 }
 
 /// The task keys of the rows tagged [`TOUCHED`], in id order.
@@ -521,14 +520,20 @@ impl SqlitePass {
         }))
     }
 
-    /// Runs one call inside the transaction; a failure has rolled it back
-    /// and ends the pass, as an error ends a transaction on PostgreSQL.
-    async fn call(&mut self, q: Query) -> Result<Vec<SqliteRow>, StoreError> {
+    /// Refuses every step once a call failed.
+    fn usable(&self) -> Result<(), StoreError> {
         if self.failed {
             return Err(StoreError::Other(
                 "this scheduler pass failed earlier and was rolled back".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// Runs one call inside the transaction; a failure has rolled it back
+    /// and ends the pass, as an error ends a transaction on PostgreSQL.
+    async fn call(&mut self, q: Query) -> Result<Vec<SqliteRow>, StoreError> {
+        self.usable()?;
         match self.conn.open_call(q).await {
             Ok(rows) => Ok(rows),
             Err(e) => {
@@ -540,7 +545,6 @@ impl SqlitePass {
 
     /// Runs a call that changes task runs and ends by measuring the run.
     async fn change(&mut self, q: Query) -> Result<Vec<SqliteRow>, StoreError> {
-        self.measured = None;
         self.changed = true;
         let rows = self.call(padded(q)).await?;
         self.measured = measured(&rows)?;
@@ -597,9 +601,7 @@ impl RunPass for SqlitePass {
     }
 
     async fn promote_due_retries(&mut self) -> Result<Vec<String>, StoreError> {
-        if let Some(m) = self.measured
-            && !m.any_retrying
-        {
+        if !self.measured.any_retrying {
             // No row of the run is retrying, and only this pass can write
             // until it ends: the UPDATE would match nothing.
             return Ok(Vec::new());
@@ -627,13 +629,8 @@ impl RunPass for SqlitePass {
     }
 
     async fn activity(&mut self) -> Result<Activity, StoreError> {
-        if let Some(m) = self.measured {
-            return Ok(m.activity);
-        }
-        let rows = self.call(self.query(ACTIVITY)).await?;
-        let m = measured(&rows)?.ok_or_else(|| StoreError::Other("the activity query returned no row".into()))?;
-        self.measured = Some(m);
-        Ok(m.activity)
+        self.usable()?;
+        Ok(self.measured.activity)
     }
 
     async fn tally(&mut self) -> Result<TaskTally, StoreError> {
@@ -708,7 +705,6 @@ impl RunPass for SqlitePass {
             .bind(terminal)
             .bind(edge.as_str());
         // It changes no task run, but the activity reads the run's state.
-        self.measured = None;
         let rows = self.call(padded(q)).await?;
         self.measured = measured(&rows)?;
         if tagged(&rows, RUN_CHANGED).next().is_none() {
