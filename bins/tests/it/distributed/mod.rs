@@ -32,7 +32,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use flowforge_adapters_postgres::{PgOptions, PgStore};
-use flowforge_adapters_rabbit::RabbitConfig;
+use flowforge_adapters_rabbit::{RabbitConfig, RabbitPublisher, RabbitQueue};
+use flowforge_app::publisher::{OutboxPublisher, PublisherConfig};
 use flowforge_domain::WorkflowDefinition;
 use flowforge_ports::{Dispatch, DispatchId, RunDetail, RunId, RunStore, SystemClock, TaskRunId, TaskRunView};
 use lapin::message::BasicGetMessage;
@@ -371,6 +372,14 @@ impl Broker {
         config
     }
 
+    /// The worker's queue adapter for these names, with the exchange, the
+    /// quorum queue and the binding declared.
+    pub(crate) async fn declared_queue(&self) -> RabbitQueue {
+        let queue = RabbitQueue::new(self.config()).expect("a valid config");
+        queue.declare().await.expect("declare the topology");
+        queue
+    }
+
     /// A raw channel of this test's own connection.
     async fn channel(&self) -> lapin::Channel {
         self.connection.create_channel().await.expect("open a channel")
@@ -506,6 +515,15 @@ impl Drop for Broker {
         });
         let _ = cleanup.join();
     }
+}
+
+/// An outbox publisher over `store` to `broker`, with the default config.
+pub(crate) fn outbox_publisher(store: PgStore, broker: &Broker) -> OutboxPublisher<PgStore, RabbitPublisher> {
+    OutboxPublisher::new(
+        store,
+        RabbitPublisher::new(broker.config()).expect("a valid config"),
+        PublisherConfig::default(),
+    )
 }
 
 /// One outbox row, read with raw SQL.

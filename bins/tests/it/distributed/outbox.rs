@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use flowforge_adapters_postgres::PgStore;
-use flowforge_adapters_rabbit::{RabbitPublisher, RabbitQueue};
+use flowforge_adapters_rabbit::RabbitPublisher;
 use flowforge_app::Error;
 use flowforge_app::publisher::{OutboxPublisher, PublisherConfig, SweepReport};
 use flowforge_ports::{
@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::proxy::{Mode, Proxy};
 use super::{
-    Broker, TestDb, amqp_url_via, both_services, broker_address, eventually, independent_tasks, outbox, within,
+    Broker, TestDb, amqp_url_via, both_services, broker_address, eventually, independent_tasks, outbox,
+    outbox_publisher, within,
 };
 
 /// A migrated database, this test's own exchange and queue names, and a
@@ -74,21 +75,13 @@ async fn a_confirmed_publish_is_on_the_bound_queue_with_the_exact_payload() {
         return;
     };
     // The worker's declaration: exchange, quorum queue, binding.
-    RabbitQueue::new(broker.config())
-        .expect("a valid config")
-        .declare()
-        .await
-        .expect("declare the topology");
+    broker.declared_queue().await;
     start_independent(&store, "confirmed", 3).await;
     let rows = outbox(&store).await;
     assert_eq!(rows.len(), 3, "one outbox row per ready task: {rows:?}");
     assert!(rows.iter().all(|r| !r.published));
 
-    let publisher = OutboxPublisher::new(
-        store.clone(),
-        RabbitPublisher::new(broker.config()).expect("a valid config"),
-        PublisherConfig::default(),
-    );
+    let publisher = outbox_publisher(store.clone(), &broker);
     let report = publisher.publish_once().await.expect("the sweep");
     assert_eq!(
         report,
@@ -139,11 +132,7 @@ async fn an_unroutable_publish_is_an_error_and_the_row_stays_unpublished() {
     broker.declare_unbound_queue().await;
     start_independent(&store, "unroutable", 1).await;
     let row = outbox(&store).await.remove(0);
-    let publisher = OutboxPublisher::new(
-        store.clone(),
-        RabbitPublisher::new(broker.config()).expect("a valid config"),
-        PublisherConfig::default(),
-    );
+    let publisher = outbox_publisher(store.clone(), &broker);
     match publisher.publish_once().await {
         Err(Error::Queue(QueueError::Unroutable(id))) => assert_eq!(id, row.dispatch.dispatch_id),
         other => panic!("expected the row's Unroutable error, got {other:?}"),
@@ -155,11 +144,7 @@ async fn an_unroutable_publish_is_an_error_and_the_row_stays_unpublished() {
     assert_eq!(broker.ready().await, Some(0), "nothing reached the queue");
 
     // Once the queue is bound, the same row goes out, once.
-    RabbitQueue::new(broker.config())
-        .expect("a valid config")
-        .declare()
-        .await
-        .expect("declare the topology");
+    broker.declared_queue().await;
     assert_eq!(publisher.publish_once().await.expect("the sweep").published, 1);
     assert!(outbox(&store).await[0].published);
     assert_eq!(
@@ -173,11 +158,7 @@ async fn rows_stay_pending_while_the_broker_is_unreachable_then_drain_exactly_on
     let Some((_db, broker, store)) = setup("outage").await else {
         return;
     };
-    RabbitQueue::new(broker.config())
-        .expect("a valid config")
-        .declare()
-        .await
-        .expect("declare the topology");
+    broker.declared_queue().await;
     let proxy = Proxy::start(broker_address(&broker.url).expect("the broker's address")).await;
     let publisher = Arc::new(OutboxPublisher::new(
         store.clone(),
@@ -239,11 +220,7 @@ async fn rows_a_crashed_publisher_never_published_are_delivered_by_a_fresh_one()
     let Some((db, broker, store)) = setup("crashwindow").await else {
         return;
     };
-    RabbitQueue::new(broker.config())
-        .expect("a valid config")
-        .declare()
-        .await
-        .expect("declare the topology");
+    broker.declared_queue().await;
     start_independent(&store, "crash-window", 4).await;
     let rows = outbox(&store).await;
 
@@ -264,11 +241,7 @@ async fn rows_a_crashed_publisher_never_published_are_delivered_by_a_fresh_one()
     assert_eq!(broker.ready().await, Some(0), "nothing was published");
 
     // A fresh publisher (a new process: its own pool, its own connection).
-    let fresh = OutboxPublisher::new(
-        db.store().await,
-        RabbitPublisher::new(broker.config()).expect("a valid config"),
-        PublisherConfig::default(),
-    );
+    let fresh = outbox_publisher(db.store().await, &broker);
     assert_eq!(fresh.publish_once().await.expect("the sweep").published, 4);
     assert!(outbox(&store).await.iter().all(|r| r.published));
     let mut delivered = broker.drain_dispatches().await;
@@ -311,11 +284,7 @@ async fn two_publishers_in_parallel_publish_each_row_exactly_once() {
     let Some((db, broker, store)) = setup("twopublishers").await else {
         return;
     };
-    RabbitQueue::new(broker.config())
-        .expect("a valid config")
-        .declare()
-        .await
-        .expect("declare the topology");
+    broker.declared_queue().await;
     const ROWS: usize = 200;
     const BATCH: usize = 10;
     start_independent(&store, "two-publishers", ROWS).await;

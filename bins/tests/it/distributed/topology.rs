@@ -8,17 +8,16 @@
 use std::sync::Arc;
 
 use flowforge::{BuiltinOptions, HandlerRegistry};
-use flowforge_adapters_rabbit::{RabbitPublisher, RabbitQueue};
+use flowforge_adapters_rabbit::RabbitQueue;
 use flowforge_app::Error;
 use flowforge_app::cache::DefinitionCache;
-use flowforge_app::publisher::{OutboxPublisher, PublisherConfig};
 use flowforge_app::worker::{Worker, WorkerConfig};
 use flowforge_ports::{DefinitionStore, QueueError, RunStore, WorkerId};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::cluster::Cluster;
-use super::{Broker, TestDb, both_services, independent_tasks, outbox, within};
+use super::{Broker, TestDb, both_services, independent_tasks, outbox, outbox_publisher, within};
 
 /// What the mismatch error must tell an operator (spec 000's five steps).
 #[track_caller]
@@ -102,11 +101,7 @@ async fn a_publisher_over_an_exchange_of_another_type_fails_without_retrying_and
         .await
         .expect("publish");
     store.start_run(published.id, json!({})).await.expect("start");
-    let publisher = OutboxPublisher::new(
-        store.clone(),
-        RabbitPublisher::new(broker.config()).expect("a valid config"),
-        PublisherConfig::default(),
-    );
+    let publisher = outbox_publisher(store.clone(), &broker);
     match publisher.publish_once().await {
         Err(Error::Queue(e @ QueueError::QueueTypeMismatch(_))) => {
             assert!(!e.is_transient());

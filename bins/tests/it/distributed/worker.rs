@@ -16,22 +16,21 @@ use flowforge::{HandlerError, HandlerRegistry, TaskContext};
 use flowforge_adapters_postgres::{PgOptions, PgStore};
 use flowforge_adapters_rabbit::{RabbitPublisher, RabbitQueue};
 use flowforge_app::cache::DefinitionCache;
-use flowforge_app::publisher::{OutboxPublisher, PublisherConfig};
 use flowforge_app::scheduler::{Scheduler, SchedulerConfig};
 use flowforge_app::worker::{Handled, Worker, WorkerConfig};
 use flowforge_domain::TaskRunState;
 use flowforge_ports::clock::ManualClock;
 use flowforge_ports::{
-    DefinitionStore, Delivery, DispatchConsumer, DispatchPublisher, DispatchQueue, FinishResult, QueueError, RunStore,
-    WorkerId,
+    DefinitionStore, Delivery, DispatchConsumer, DispatchPublisher, DispatchQueue, FinishResult, QueueError, RunId,
+    RunStore, WorkerId,
 };
 use serde_json::json;
 use tokio::sync::Notify;
 
 use super::proxy::{Mode, Proxy};
 use super::{
-    Broker, LONG_LEASE, TestDb, amqp_url_via, both_services, broker_address, definition, detail, outbox, pg_address,
-    pg_options, pg_url_via, task, transitions, within,
+    Broker, LONG_LEASE, TestDb, amqp_url_via, both_services, broker_address, definition, detail, outbox,
+    outbox_publisher, pg_address, pg_options, pg_url_via, task, transitions, within,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -42,8 +41,7 @@ async fn a_duplicate_delivery_is_acked_without_running_the_handler_again() {
     let db = TestDb::migrated(&postgres).await;
     let broker = Broker::own(&amqp, "duplicate").await;
     let store = db.store().await;
-    let queue = RabbitQueue::new(broker.config()).expect("a valid config");
-    queue.declare().await.expect("declare the topology");
+    let queue = broker.declared_queue().await;
     // The consumers the test hands deliveries from (the worker's own loop
     // is not running: each delivery is handled by hand).
     let consumers = RabbitQueue::new(broker.config()).expect("a valid config");
@@ -51,24 +49,15 @@ async fn a_duplicate_delivery_is_acked_without_running_the_handler_again() {
     // A handler that counts its calls; the first waits for the test.
     let calls = Arc::new(AtomicUsize::new(0));
     let (started, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let mut config = WorkerConfig::new(WorkerId("it-duplicate".to_owned()), 1);
-    config.lease = LONG_LEASE;
-    let worker = Arc::new(Worker::new(
+    let worker = long_lease_worker(
+        "it-duplicate",
         store.clone(),
         queue,
-        Arc::new(DefinitionCache::new(store.clone())),
-        Arc::new(gated_registry(&calls, &started, &gate)),
-        Default::default(),
-        config,
-    ));
+        gated_registry(&calls, &started, &gate),
+    );
 
-    let published = store
-        .publish_definition(&counted_definition("duplicate"))
-        .await
-        .expect("publish");
-    let run = store.start_run(published.id, json!({})).await.expect("start");
-    let rabbit = RabbitPublisher::new(broker.config()).expect("a valid config");
-    let publisher = OutboxPublisher::new(store.clone(), rabbit, PublisherConfig::default());
+    let run = start_counted(&store, "duplicate").await;
+    let publisher = outbox_publisher(store.clone(), &broker);
     assert_eq!(publisher.publish_once().await.expect("the sweep").published, 1);
     let dispatch = outbox(&store).await.remove(0).dispatch;
     // The same dispatch again, as a publisher that crashed between the
@@ -79,10 +68,7 @@ async fn a_duplicate_delivery_is_acked_without_running_the_handler_again() {
     // Two consumers, prefetch 1 each: the first holds the original while
     // its handler runs, the second gets the duplicate meanwhile.
     let mut first = consumers.consumer().await.expect("a consumer");
-    let original = within("the first delivery", first.next())
-        .await
-        .expect("consume")
-        .expect("a delivery");
+    let original = next_delivery("the first delivery", &mut first).await;
     assert_eq!(original.dispatch(), &dispatch);
     let handling = {
         let worker = Arc::clone(&worker);
@@ -90,10 +76,7 @@ async fn a_duplicate_delivery_is_acked_without_running_the_handler_again() {
     };
     within("the handler to start", started.notified()).await;
     let mut second = consumers.consumer().await.expect("a consumer");
-    let copy = within("the duplicate delivery", second.next())
-        .await
-        .expect("consume")
-        .expect("a delivery");
+    let copy = next_delivery("the duplicate delivery", &mut second).await;
     assert_eq!(copy.dispatch(), &dispatch);
     assert_eq!(
         worker.handle(copy).await,
@@ -114,10 +97,7 @@ async fn a_duplicate_delivery_is_acked_without_running_the_handler_again() {
 
     // And once more after the task finished (a redelivery after a lost ack).
     assert_eq!(duplicate.publish(std::slice::from_ref(&dispatch)).await, vec![Ok(())]);
-    let late = within("the late duplicate", second.next())
-        .await
-        .expect("consume")
-        .expect("a delivery");
+    let late = next_delivery("the late duplicate", &mut second).await;
     assert_eq!(
         worker.handle(late).await,
         Ok(Handled::Skipped),
@@ -167,6 +147,44 @@ fn counted_definition(name: &str) -> flowforge_domain::WorkflowDefinition {
     }))
 }
 
+/// A worker `id` over `store` and `queue` with [`LONG_LEASE`], one slot and
+/// `registry`'s handlers (its loop is not run: tests hand it deliveries).
+fn long_lease_worker(
+    id: &str,
+    store: PgStore,
+    queue: RabbitQueue,
+    registry: HandlerRegistry,
+) -> Arc<Worker<PgStore, RabbitQueue>> {
+    let mut config = WorkerConfig::new(WorkerId(id.to_owned()), 1);
+    config.lease = LONG_LEASE;
+    Arc::new(Worker::new(
+        store.clone(),
+        queue,
+        Arc::new(DefinitionCache::new(store)),
+        Arc::new(registry),
+        Default::default(),
+        config,
+    ))
+}
+
+/// Publishes [`counted_definition`] `name` and starts a run of it.
+async fn start_counted(store: &PgStore, name: &str) -> RunId {
+    let published = store
+        .publish_definition(&counted_definition(name))
+        .await
+        .expect("publish");
+    store.start_run(published.id, json!({})).await.expect("start")
+}
+
+/// The consumer's next delivery, failing the test after the patience or
+/// when the queue errs or closes.
+async fn next_delivery<C: DispatchConsumer>(what: &str, consumer: &mut C) -> C::Delivery {
+    within(what, consumer.next())
+        .await
+        .expect("consume")
+        .expect("a delivery")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_lost_after_the_outcome_is_stored_brings_a_redelivery_acked_without_running() {
     let Some((postgres, amqp)) = both_services() else {
@@ -175,11 +193,7 @@ async fn an_ack_lost_after_the_outcome_is_stored_brings_a_redelivery_acked_witho
     let db = TestDb::migrated(&postgres).await;
     let broker = Broker::own(&amqp, "acklost").await;
     let store = db.store().await;
-    RabbitQueue::new(broker.config())
-        .expect("a valid config")
-        .declare()
-        .await
-        .expect("declare the topology");
+    broker.declared_queue().await;
     let proxy = Proxy::start(broker_address(&broker.url).expect("the broker's address")).await;
     let through_proxy =
         RabbitQueue::new(broker.config_for(&amqp_url_via(&broker.url, proxy.port()))).expect("a config");
@@ -187,33 +201,18 @@ async fn an_ack_lost_after_the_outcome_is_stored_brings_a_redelivery_acked_witho
 
     let calls = Arc::new(AtomicUsize::new(0));
     let (started, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let mut config = WorkerConfig::new(WorkerId("it-acklost".to_owned()), 1);
-    config.lease = LONG_LEASE;
-    let worker = Arc::new(Worker::new(
+    let worker = long_lease_worker(
+        "it-acklost",
         store.clone(),
         RabbitQueue::new(broker.config()).expect("a valid config"),
-        Arc::new(DefinitionCache::new(store.clone())),
-        Arc::new(gated_registry(&calls, &started, &gate)),
-        Default::default(),
-        config,
-    ));
-    let published = store
-        .publish_definition(&counted_definition("ack-lost"))
-        .await
-        .expect("publish");
-    let run = store.start_run(published.id, json!({})).await.expect("start");
-    let publisher = OutboxPublisher::new(
-        store.clone(),
-        RabbitPublisher::new(broker.config()).expect("a valid config"),
-        PublisherConfig::default(),
+        gated_registry(&calls, &started, &gate),
     );
+    let run = start_counted(&store, "ack-lost").await;
+    let publisher = outbox_publisher(store.clone(), &broker);
     assert_eq!(publisher.publish_once().await.expect("the sweep").published, 1);
 
     let mut consumer = through_proxy.consumer().await.expect("a consumer");
-    let delivery = within("the delivery", consumer.next())
-        .await
-        .expect("consume")
-        .expect("a delivery");
+    let delivery = next_delivery("the delivery", &mut consumer).await;
     let dispatch = delivery.dispatch().clone();
     let handling = {
         let worker = Arc::clone(&worker);
@@ -241,10 +240,7 @@ async fn an_ack_lost_after_the_outcome_is_stored_brings_a_redelivery_acked_witho
     // The broker requeued the unacked delivery; its redelivery claims
     // nothing and is acked without running.
     let mut again = direct.consumer().await.expect("a consumer");
-    let redelivery = within("the redelivery", again.next())
-        .await
-        .expect("consume")
-        .expect("a delivery");
+    let redelivery = next_delivery("the redelivery", &mut again).await;
     assert_eq!(redelivery.dispatch(), &dispatch);
     assert!(redelivery.redelivered());
     assert_eq!(worker.handle(redelivery).await, Ok(Handled::Skipped));
@@ -281,38 +277,22 @@ async fn a_failed_outcome_write_is_nacked_for_requeue_and_the_reaper_retries_the
     )
     .await
     .expect("open the database through the proxy");
-    let queue = RabbitQueue::new(broker.config()).expect("a valid config");
-    queue.declare().await.expect("declare the topology");
+    let queue = broker.declared_queue().await;
 
     let calls = Arc::new(AtomicUsize::new(0));
     let (started, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let mut config = WorkerConfig::new(WorkerId("it-writefails".to_owned()), 1);
-    config.lease = LONG_LEASE;
-    let worker = Arc::new(Worker::new(
-        worker_store.clone(),
+    let worker = long_lease_worker(
+        "it-writefails",
+        worker_store,
         RabbitQueue::new(broker.config()).expect("a valid config"),
-        Arc::new(DefinitionCache::new(worker_store)),
-        Arc::new(gated_registry(&calls, &started, &gate)),
-        Default::default(),
-        config,
-    ));
-    let published = store
-        .publish_definition(&counted_definition("write-fails"))
-        .await
-        .expect("publish");
-    let run = store.start_run(published.id, json!({})).await.expect("start");
-    let publisher = OutboxPublisher::new(
-        store.clone(),
-        RabbitPublisher::new(broker.config()).expect("a valid config"),
-        PublisherConfig::default(),
+        gated_registry(&calls, &started, &gate),
     );
+    let run = start_counted(&store, "write-fails").await;
+    let publisher = outbox_publisher(store.clone(), &broker);
     assert_eq!(publisher.publish_once().await.expect("the sweep").published, 1);
 
     let mut consumer = queue.consumer().await.expect("a consumer");
-    let delivery = within("the delivery", consumer.next())
-        .await
-        .expect("consume")
-        .expect("a delivery");
+    let delivery = next_delivery("the delivery", &mut consumer).await;
     let handling = {
         let worker = Arc::clone(&worker);
         tokio::spawn(async move { worker.handle(delivery).await })
@@ -336,10 +316,7 @@ async fn a_failed_outcome_write_is_nacked_for_requeue_and_the_reaper_retries_the
     // The nack requeued the dispatch; once the database is back, its
     // redelivery finds the row still running and is acked without running.
     proxy.set(Mode::Forward);
-    let redelivery = within("the redelivery", consumer.next())
-        .await
-        .expect("consume")
-        .expect("a delivery");
+    let redelivery = next_delivery("the redelivery", &mut consumer).await;
     assert!(redelivery.redelivered());
     assert_eq!(worker.handle(redelivery).await, Ok(Handled::Skipped));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -355,10 +332,7 @@ async fn a_failed_outcome_write_is_nacked_for_requeue_and_the_reaper_retries_the
     );
     assert_eq!(scheduler.schedule_once().await.expect("a scheduler pass").reaped, 1);
     assert_eq!(publisher.publish_once().await.expect("the sweep").published, 1);
-    let retry = within("the retry's dispatch", consumer.next())
-        .await
-        .expect("consume")
-        .expect("a delivery");
+    let retry = next_delivery("the retry's dispatch", &mut consumer).await;
     assert_eq!(
         worker.handle(retry).await,
         Ok(Handled::Finished(FinishResult::Recorded(TaskRunState::Succeeded)))
