@@ -61,9 +61,15 @@ impl Workdir {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_flowforge"));
+        let mut cmd = self.program(env!("CARGO_BIN_EXE_flowforge"));
+        cmd.args(args);
+        cmd
+    }
+
+    /// `program` in this folder, with the environment `command` gives.
+    fn program(&self, program: &str) -> std::process::Command {
+        let mut cmd = std::process::Command::new(program);
         cmd.current_dir(self.path())
-            .args(args)
             .env("TMPDIR", self.path().join("tmp"))
             .env_remove("RUST_LOG")
             .env_remove("NO_COLOR");
@@ -728,4 +734,28 @@ fn a_run_cancelled_from_another_process_exits_3() {
     assert_eq!(report["run_id"], id.as_str());
     assert_eq!(report["state"], "cancelled");
     assert_eq!(task(&report, "nap")["state"], "cancelled", "{report:#}");
+}
+
+/// On a terminal `flowforge run` draws its live view (a progress bar and a
+/// line per task) instead of plain lines: run under a pseudo-terminal that
+/// util-linux `script` opens, as a user's shell would.
+#[test]
+fn on_a_terminal_the_progress_is_a_live_view() {
+    let work = Workdir::new();
+    let line = format!(
+        "'{}' run '{}'",
+        env!("CARGO_BIN_EXE_flowforge"),
+        root().join("examples/diamond.json").display()
+    );
+    let mut script = work.program("script");
+    script.args(["-qec", &line, "/dev/null"]);
+    let output = assert_cmd::Command::from_std(script)
+        .timeout(PATIENCE)
+        .output()
+        .expect("script (util-linux) runs flowforge on a pseudo-terminal");
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{shown}");
+    assert!(shown.contains('░') || shown.contains('█'), "no progress bar:\n{shown}");
+    assert!(shown.contains("join") && shown.contains("succeeded"), "{shown}");
+    assert!(!shown.contains("] start"), "plain lines on a terminal:\n{shown}");
 }
