@@ -61,6 +61,44 @@ macro_rules! made_ready {
     };
 }
 
+/// The CTEs that clear a run's flags and return its flagged task runs
+/// (CTE `flagged`), for the run `$run` (a parameter or a subquery).
+macro_rules! take_flags {
+    ($run:literal) => {
+        concat!(
+            "run_flag AS (
+    UPDATE workflow_run SET needs_pass = false WHERE id = ",
+            $run,
+            " AND needs_pass RETURNING id
+), flagged AS (
+    UPDATE task_run SET needs_pass = false WHERE run_id = ",
+            $run,
+            " AND needs_pass
+    RETURNING id, task_key, state, cancel_reason, compensate_for
+)"
+        )
+    };
+}
+
+/// The columns `any_active, any_started` of run `$run` (see [`ACTIVITY`]);
+/// `$not_pending` is true when the run is no longer pending.
+macro_rules! activity_columns {
+    ($run:literal, $not_pending:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM task_run
+               WHERE run_id = ",
+            $run,
+            " AND state IN ('pending', 'ready', 'running', 'retrying')
+                 AND compensate_for IS NULL) AS any_active,
+       ",
+            $not_pending,
+            " OR EXISTS (SELECT 1 FROM task_run WHERE run_id = ",
+            $run,
+            " AND started_at IS NOT NULL) AS any_started"
+        )
+    };
+}
+
 /// Whether a CTE produced a row: tells Rust which wake-ups the write owes.
 macro_rules! any_row {
     ($cte:literal) => {
@@ -502,33 +540,29 @@ LIMIT $1";
 /// key), then [`TAKE_FLAGGED`]'s clearing, only when the lock was taken. One row
 /// per flagged task run (its columns NULL when none is flagged), none when
 /// the run is locked by another scheduler or terminal. `$1` run.
-pub const BEGIN_PASS_TAKING_FLAGS: &str = "\
-WITH locked AS (
+pub const BEGIN_PASS_TAKING_FLAGS: &str = concat!(
+    "WITH locked AS (
     SELECT id, workflow_id, state, cancel_requested_at IS NOT NULL AS cancel_requested
     FROM workflow_run
     WHERE id = $1 AND state IN ('pending', 'running')
     FOR UPDATE SKIP LOCKED
-), run_flag AS (
-    UPDATE workflow_run SET needs_pass = false WHERE id = (SELECT id FROM locked) AND needs_pass RETURNING id
-), flagged AS (
-    UPDATE task_run SET needs_pass = false WHERE run_id = (SELECT id FROM locked) AND needs_pass
-    RETURNING id, task_key, state, cancel_reason, compensate_for
-)
+), ",
+    take_flags!("(SELECT id FROM locked)"),
+    "
 SELECT l.id AS run_id, l.workflow_id, l.state AS run_state, l.cancel_requested,
        f.id, f.task_key, f.state, f.cancel_reason, f.compensate_for
 FROM locked AS l LEFT JOIN flagged AS f ON true
-ORDER BY f.id";
+ORDER BY f.id"
+);
 
 /// take_flagged: reads and clears the task-run flags in one statement
 /// (`taskrun_needs_pass_idx`), and clears the run's flag. `$1` run.
-pub const TAKE_FLAGGED: &str = "\
-WITH run_flag AS (
-    UPDATE workflow_run SET needs_pass = false WHERE id = $1 AND needs_pass RETURNING id
-), flagged AS (
-    UPDATE task_run SET needs_pass = false WHERE run_id = $1 AND needs_pass
-    RETURNING id, task_key, state, cancel_reason, compensate_for
-)
-SELECT id, task_key, state, cancel_reason, compensate_for FROM flagged ORDER BY id";
+pub const TAKE_FLAGGED: &str = concat!(
+    "WITH ",
+    take_flags!("$1"),
+    "
+SELECT id, task_key, state, cancel_reason, compensate_for FROM flagged ORDER BY id"
+);
 
 /// satisfy_dependencies: lowers the pending rows' counts in one batched
 /// UPDATE (`uniq_taskrun_run_key`), applying `dependencies_satisfied` in
@@ -573,10 +607,8 @@ pub const PROMOTE_RETRIES: &str = concat!(
 SELECT COALESCE((SELECT array_agg(task_key ORDER BY id) FROM moved), '{}') AS keys, ",
     any_row!("dispatched"),
     " AS woke,
-       EXISTS (SELECT 1 FROM task_run
-               WHERE run_id = $2 AND state IN ('pending', 'ready', 'running', 'retrying')
-                 AND compensate_for IS NULL) AS any_active,
-       $4 OR EXISTS (SELECT 1 FROM task_run WHERE run_id = $2 AND started_at IS NOT NULL) AS any_started"
+       ",
+    activity_columns!("$2", "$4")
 );
 
 /// cancel_pending: the named rows still pending (`uniq_taskrun_run_key`).
@@ -639,11 +671,7 @@ GROUP BY state, cancel_reason";
 /// `$2` is true when the run is no longer pending, which already says so
 /// (a run moves to running only once something started), so the scan for
 /// `started_at` runs only in a pending run. `$1` run.
-pub const ACTIVITY: &str = "\
-SELECT EXISTS (SELECT 1 FROM task_run
-               WHERE run_id = $1 AND state IN ('pending', 'ready', 'running', 'retrying')
-                 AND compensate_for IS NULL) AS any_active,
-       $2 OR EXISTS (SELECT 1 FROM task_run WHERE run_id = $1 AND started_at IS NOT NULL) AS any_started";
+pub const ACTIVITY: &str = concat!("SELECT ", activity_columns!("$1", "$2"));
 
 /// succeeded_keys (`uniq_taskrun_run_key`). `$1` run.
 pub const SUCCEEDED_KEYS: &str =
