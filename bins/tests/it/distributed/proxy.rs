@@ -1,6 +1,8 @@
-//! A TCP proxy in front of the broker that a test cuts and restores, so an
-//! outage touches only the test's own connections (the adapter's tests use
-//! the same pattern).
+//! A TCP proxy in front of the broker or PostgreSQL that a test cuts and
+//! restores, so an outage touches only the test's own connections.
+//! adapters-rabbit's tests carry their own copy (with a stalling mode as
+//! well): the two test crates share no test-support crate, and this one
+//! also stands in front of PostgreSQL.
 
 use std::net::SocketAddr;
 
