@@ -11,14 +11,29 @@ use flowforge::{HandlerError, Observer, RunState, TaskContext, TaskEvent};
 use flowforge_app::worker::Handled;
 use flowforge_domain::{CancelReason, TaskRunState, TaskTransition};
 use flowforge_ports::store::{LeaseStatus, TaskOutcome};
-use flowforge_ports::{Delivery, FinishResult, RunStore, WorkerId};
+use flowforge_ports::{Claim, Delivery, FinishResult, RunId, RunStore, WorkerId};
 use serde_json::json;
 
-use super::{LONG_LEASE, Log, event, history, scenario, task_of, transitions};
+use super::{LONG_LEASE, Log, Scenario, event, history, scenario, task_of, transitions};
 
 /// The stalled worker: it claims through the store and then goes quiet.
 fn worker_a() -> WorkerId {
     WorkerId("stalled-worker-a".into())
+}
+
+/// Publishes `run`'s first dispatch; worker A receives it, acks it and
+/// claims its task run with a long lease.
+async fn claimed_by_a(s: &Scenario, run: RunId) -> Claim {
+    s.publish(run).await;
+    let delivery = s.next_delivery().await.expect("the dispatch");
+    let dispatch = delivery.dispatch().clone();
+    delivery.ack().await.expect("ack");
+    s.engine
+        .store()
+        .claim_task_run(dispatch.task_run_id, dispatch.fencing_token, &worker_a(), LONG_LEASE)
+        .await
+        .expect("claim")
+        .expect("A wins the claim")
 }
 
 #[tokio::test]
@@ -39,16 +54,8 @@ async fn a_stalled_workers_late_finish_is_rejected_and_audited() {
         )
         .await;
     let store = s.engine.store();
-    s.publish(run).await;
     // Worker A receives the dispatch, claims, acks... and stalls.
-    let delivery = s.next_delivery().await.expect("the dispatch");
-    let dispatch = delivery.dispatch().clone();
-    delivery.ack().await.expect("ack");
-    let claim_a = store
-        .claim_task_run(dispatch.task_run_id, dispatch.fencing_token, &worker_a(), LONG_LEASE)
-        .await
-        .expect("claim")
-        .expect("A wins the claim");
+    let claim_a = claimed_by_a(&s, run).await;
     assert_eq!(claim_a.attempt, 1);
 
     // Store time passes A's lease: the next pass reaps it.
@@ -170,16 +177,8 @@ async fn a_lease_lost_on_the_final_attempt_fails_the_task_and_its_dependents() {
         )
         .await;
     let store = s.engine.store();
-    s.publish(run).await;
-    let doomed = s.next_delivery().await.expect("doomed's dispatch");
-    assert_eq!(doomed.dispatch().task_key, "doomed");
-    let dispatch = doomed.dispatch().clone();
-    doomed.ack().await.expect("ack");
-    let claim_a = store
-        .claim_task_run(dispatch.task_run_id, dispatch.fencing_token, &worker_a(), LONG_LEASE)
-        .await
-        .expect("claim")
-        .expect("A wins the claim");
+    let claim_a = claimed_by_a(&s, run).await;
+    assert_eq!(claim_a.task_key, "doomed");
 
     s.clock.advance(LONG_LEASE + Duration::from_secs(1));
     let pass = s.schedule(run).await;
@@ -246,15 +245,7 @@ async fn an_expired_lease_of_a_cancel_requested_run_is_reaped_into_cancelled_wit
         )
         .await;
     let store = s.engine.store();
-    s.publish(run).await;
-    let delivery = s.next_delivery().await.expect("the dispatch");
-    let dispatch = delivery.dispatch().clone();
-    delivery.ack().await.expect("ack");
-    store
-        .claim_task_run(dispatch.task_run_id, dispatch.fencing_token, &worker_a(), LONG_LEASE)
-        .await
-        .expect("claim")
-        .expect("A wins the claim");
+    claimed_by_a(&s, run).await;
     s.schedule(run).await;
     store.request_cancel(run).await.expect("cancel");
     s.schedule(run).await;
