@@ -107,7 +107,7 @@ fn rebuild(row: &WorkflowRow, tasks: Vec<TaskRow>) -> Result<WorkflowDefinition,
                 format!("task '{}': the stored retry policy is not valid: {e}", t.key),
             )
         })?;
-        limits.push((t.key.clone(), t.max_attempts));
+        limits.push((t.key.clone(), i64::from(t.max_attempts)));
         documents.push(TaskDocument {
             key: t.key,
             task_type: t.task_type,
@@ -125,30 +125,7 @@ fn rebuild(row: &WorkflowRow, tasks: Vec<TaskRow>) -> Result<WorkflowDefinition,
         defaults,
         tasks: documents,
     };
-    let def = WorkflowDefinition::from_document(doc).map_err(|e| invalid(row, e.to_string()))?;
-    for (key, stored) in limits {
-        let effective = def
-            .task(&key)
-            .map(|t| def.retry_policy(t).max_attempts)
-            .and_then(|n| i32::try_from(n).ok());
-        if effective != Some(stored) {
-            return Err(invalid(
-                row,
-                format!("task '{key}': stored max_attempts {stored} disagrees with its retry policy"),
-            ));
-        }
-    }
-    let fingerprint = def.fingerprint();
-    if fingerprint != row.fingerprint {
-        return Err(invalid(
-            row,
-            format!(
-                "its rows give fingerprint {fingerprint}, not the published {}: a task row was changed or lost",
-                row.fingerprint
-            ),
-        ));
-    }
-    Ok(def)
+    WorkflowDefinition::from_stored(doc, &limits, &row.fingerprint).map_err(|e| invalid(row, e.to_string()))
 }
 
 impl PgStore {

@@ -149,30 +149,13 @@ fn assemble(w: WorkflowRow, rows: Vec<TaskRow>) -> Result<Published, LoadError> 
         defaults,
         tasks,
     };
-    let definition = WorkflowDefinition::from_document(document).map_err(|e| invalid(e.to_string()))?;
-    for (key, stored) in max_attempts {
-        let effective = definition
-            .task(&key)
-            .map(|t| i64::from(definition.retry_policy(t).max_attempts));
-        if effective != Some(stored) {
-            return Err(invalid(format!(
-                "task '{key}': stored max_attempts {stored} differs from its retry policy's {}",
-                effective.unwrap_or_default()
-            )));
-        }
-    }
-    let fingerprint = definition.fingerprint();
-    if fingerprint != w.fingerprint {
-        return Err(invalid(format!(
-            "its rows give fingerprint {fingerprint}, not the published {}: a task row was changed or lost",
-            w.fingerprint
-        )));
-    }
+    let definition =
+        WorkflowDefinition::from_stored(document, &max_attempts, &w.fingerprint).map_err(|e| invalid(e.to_string()))?;
     let created_at = time("workflow.created_at", w.created_at).map_err(StoreError::from)?;
     Ok(Published {
         id: WorkflowId(w.id),
         definition: Arc::new(definition),
-        fingerprint,
+        fingerprint: w.fingerprint,
         created_at,
         created: false,
     })

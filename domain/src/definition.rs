@@ -532,7 +532,64 @@ impl PartialEq for WorkflowDefinition {
     }
 }
 
+/// Why stored rows do not give back the definition that was published
+/// (spec 001, "Loading": rows can go bad without the domain's help).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoredDefinitionError {
+    /// The rows no longer make a valid definition.
+    #[error(transparent)]
+    Invalid(#[from] DefinitionErrors),
+    /// A task's stored attempt limit disagrees with its retry policy.
+    #[error("task '{key}': stored max_attempts {stored} disagrees with its retry policy's {effective}")]
+    MaxAttempts {
+        /// The task.
+        key: String,
+        /// The stored column.
+        stored: i64,
+        /// What the rebuilt definition's policy gives.
+        effective: u32,
+    },
+    /// The rows give another definition than the one published.
+    #[error("its rows give fingerprint {computed}, not the published {published}: a task row was changed or lost")]
+    Fingerprint {
+        /// The fingerprint of the rebuilt definition.
+        computed: String,
+        /// The fingerprint stored at publication.
+        published: String,
+    },
+}
+
 impl WorkflowDefinition {
+    /// Rebuilds a published definition from a store's rows: validated like
+    /// any document, then checked against what was stored beside it, each
+    /// task's effective `max_attempts` (`(key, stored)` pairs) and the
+    /// fingerprint recorded at publication.
+    pub fn from_stored(
+        doc: WorkflowDocument,
+        max_attempts: &[(String, i64)],
+        published: &str,
+    ) -> Result<Self, StoredDefinitionError> {
+        let def = Self::from_document(doc)?;
+        for (key, stored) in max_attempts {
+            let effective = def.task(key).map_or(0, |t| def.retry_policy(t).max_attempts);
+            if i64::from(effective) != *stored {
+                return Err(StoredDefinitionError::MaxAttempts {
+                    key: key.clone(),
+                    stored: *stored,
+                    effective,
+                });
+            }
+        }
+        let computed = def.fingerprint();
+        if computed != published {
+            return Err(StoredDefinitionError::Fingerprint {
+                computed,
+                published: published.to_owned(),
+            });
+        }
+        Ok(def)
+    }
+
     /// Validates a whole document: every per-task rule, then the graph and
     /// compensation rules. Returns every error found, located.
     pub fn from_document(doc: WorkflowDocument) -> Result<Self, DefinitionErrors> {
@@ -786,6 +843,35 @@ mod tests {
 
     fn doc(v: Value) -> WorkflowDocument {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_stored_definition_must_agree_with_its_columns_and_fingerprint() {
+        let stored = doc(json!({"name": "w", "version": 1, "tasks": [
+            {"key": "a", "task_type": "noop", "retry": {"max_attempts": 3}}
+        ]}));
+        let published = WorkflowDefinition::from_document(stored.clone()).unwrap().fingerprint();
+        let limits = [("a".to_owned(), 3)];
+        assert!(WorkflowDefinition::from_stored(stored.clone(), &limits, &published).is_ok());
+        assert_eq!(
+            WorkflowDefinition::from_stored(stored.clone(), &[("a".to_owned(), 5)], &published).unwrap_err(),
+            StoredDefinitionError::MaxAttempts {
+                key: "a".into(),
+                stored: 5,
+                effective: 3
+            }
+        );
+        let other = "0".repeat(64);
+        assert!(matches!(
+            WorkflowDefinition::from_stored(stored.clone(), &limits, &other),
+            Err(StoredDefinitionError::Fingerprint { computed, .. }) if computed == published
+        ));
+        let mut broken = stored;
+        broken.tasks[0].depends_on = vec!["ghost".into()];
+        assert!(matches!(
+            WorkflowDefinition::from_stored(broken, &limits, &published),
+            Err(StoredDefinitionError::Invalid(_))
+        ));
     }
 
     fn errors(v: Value) -> Vec<(String, String)> {

@@ -15,8 +15,8 @@ pub mod schema;
 pub mod state;
 
 pub use definition::{
-    Defaults, DefinitionError, DefinitionErrors, LocatedError, RetryPolicy, RetrySpec, TaskDefinition, TaskDocument,
-    WorkflowDefinition, WorkflowDocument,
+    Defaults, DefinitionError, DefinitionErrors, LocatedError, RetryPolicy, RetrySpec, StoredDefinitionError,
+    TaskDefinition, TaskDocument, WorkflowDefinition, WorkflowDocument,
 };
 pub use graph::{DependencyGraph, GraphError};
 pub use machine::{MachineError, StateMachine, Transition};
