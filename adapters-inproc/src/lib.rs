@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use flowforge_ports::{Delivery, Dispatch, DispatchConsumer, DispatchPublisher, DispatchQueue, QueueError};
+use flowforge_ports::{Delivery, Dispatch, DispatchConsumer, DispatchPublisher, DispatchQueue, queue};
 use tokio::sync::Notify;
 
 #[derive(Debug, Default)]
@@ -71,13 +71,13 @@ impl InprocQueue {
 impl DispatchPublisher for InprocQueue {
     /// Every dispatch is "confirmed" once it is queued: there is no broker
     /// to lose it and nothing to route, so this never fails while open.
-    async fn publish(&self, batch: &[Dispatch]) -> Vec<Result<(), QueueError>> {
+    async fn publish(&self, batch: &[Dispatch]) -> Vec<Result<(), queue::Error>> {
         let mut results = Vec::with_capacity(batch.len());
         {
             let mut ready = self.inner.lock();
             for d in batch {
                 if ready.closed {
-                    results.push(Err(QueueError::Closed));
+                    results.push(Err(queue::Error::Closed));
                 } else {
                     ready.messages.push_back((d.clone(), false));
                     results.push(Ok(()));
@@ -94,7 +94,7 @@ impl DispatchPublisher for InprocQueue {
 impl DispatchQueue for InprocQueue {
     type Consumer = InprocConsumer;
 
-    async fn consumer(&self) -> Result<InprocConsumer, QueueError> {
+    async fn consumer(&self) -> Result<InprocConsumer, queue::Error> {
         Ok(InprocConsumer {
             inner: Arc::clone(&self.inner),
         })
@@ -110,7 +110,7 @@ pub struct InprocConsumer {
 impl DispatchConsumer for InprocConsumer {
     type Delivery = InprocDelivery;
 
-    async fn next(&mut self) -> Result<Option<InprocDelivery>, QueueError> {
+    async fn next(&mut self) -> Result<Option<InprocDelivery>, queue::Error> {
         loop {
             // Register interest before looking, so a push between the look
             // and the wait is not missed.
@@ -175,12 +175,12 @@ impl Delivery for InprocDelivery {
         self.redelivered
     }
 
-    async fn ack(mut self) -> Result<(), QueueError> {
+    async fn ack(mut self) -> Result<(), queue::Error> {
         self.dispatch = None;
         Ok(())
     }
 
-    async fn nack_requeue(mut self) -> Result<(), QueueError> {
+    async fn nack_requeue(mut self) -> Result<(), queue::Error> {
         self.requeue();
         Ok(())
     }

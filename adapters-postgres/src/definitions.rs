@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use flowforge_domain::{Defaults, RetrySpec, TaskDocument, WorkflowDefinition, WorkflowDocument};
-use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, StoreError, WorkflowId};
+use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, WorkflowId, store};
 use serde_json::{Value, json};
 
 use crate::error::{store_error, violated_constraint};
@@ -40,7 +40,7 @@ struct TaskRow {
 
 /// One record per task for `jsonb_to_recordset`: the task as written plus
 /// its declaration index and effective `max_attempts` (for the reaper).
-fn task_records(def: &WorkflowDefinition) -> Result<Value, StoreError> {
+fn task_records(def: &WorkflowDefinition) -> Result<Value, store::Error> {
     let mut records = Vec::with_capacity(def.tasks().len());
     for (position, task) in def.tasks().iter().enumerate() {
         let doc = task.document();
@@ -54,7 +54,7 @@ fn task_records(def: &WorkflowDefinition) -> Result<Value, StoreError> {
             "config": doc.config,
             "timeout_seconds": doc.timeout_seconds,
             "retry": doc.retry.as_ref().map(serde_json::to_value).transpose()
-                .map_err(|e| StoreError::Other(format!("cannot encode task '{}': {e}", doc.key)))?,
+                .map_err(|e| store::Error::Other(format!("cannot encode task '{}': {e}", doc.key)))?,
             "compensate_for": doc.compensate_for,
             "max_attempts": def.retry_policy(task).max_attempts,
         }));
@@ -155,7 +155,7 @@ impl PgStore {
     }
 
     /// The stored (name, version), if any: its id and fingerprint.
-    async fn find(&self, name: &str, version: i32) -> Result<Option<(i64, String)>, StoreError> {
+    async fn find(&self, name: &str, version: i32) -> Result<Option<(i64, String)>, store::Error> {
         sqlx::query_as(queries::FIND_WORKFLOW)
             .bind(name)
             .bind(version)
@@ -184,16 +184,16 @@ impl PgStore {
                 version: def.version(),
             }),
             Err(LoadError::Store(e)) => Err(PublishError::Store(e)),
-            Err(e) => Err(PublishError::Store(StoreError::Corrupt(e.to_string()))),
+            Err(e) => Err(PublishError::Store(store::Error::Corrupt(e.to_string()))),
         }
     }
 
     /// Inserts workflow and tasks in one transaction. `Ok(None)`: the
     /// unique constraint says a concurrent publish won; this transaction
     /// was rolled back.
-    async fn insert(&self, def: &WorkflowDefinition, fingerprint: &str) -> Result<Option<Published>, StoreError> {
+    async fn insert(&self, def: &WorkflowDefinition, fingerprint: &str) -> Result<Option<Published>, store::Error> {
         let document = serde_json::to_value(def.document())
-            .map_err(|e| StoreError::Other(format!("cannot encode the definition: {e}")))?;
+            .map_err(|e| store::Error::Other(format!("cannot encode the definition: {e}")))?;
         let records = task_records(def)?;
         let mut tx = self.inner.pool.begin().await.map_err(store_error)?;
         let inserted: Result<(i64, DateTime<Utc>), sqlx::Error> = sqlx::query_as(queries::INSERT_WORKFLOW)

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use flowforge_ports::{Notifier, StoreError, Topic};
+use flowforge_ports::{Notifier, Topic, store};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::Notify;
@@ -207,7 +207,7 @@ impl Hub {
 
     /// Starts the listening task once, after its first LISTEN succeeded, so
     /// a notification sent after `notifier()` returns is heard.
-    pub(crate) async fn ensure_listening(self: &Arc<Self>) -> Result<(), StoreError> {
+    pub(crate) async fn ensure_listening(self: &Arc<Self>) -> Result<(), store::Error> {
         let mut listening = self.listening.lock().await;
         if *listening {
             return Ok(());
@@ -233,7 +233,7 @@ impl Hub {
     }
 }
 
-async fn open_listener(pool: &PgPool) -> Result<PgListener, StoreError> {
+async fn open_listener(pool: &PgPool) -> Result<PgListener, store::Error> {
     let mut listener = PgListener::connect_with(pool).await.map_err(store_error)?;
     listener
         .listen_all(TOPICS.into_iter().map(channel))

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use flowforge_ports::{Dispatch, DispatchId, OutboxStore, OutboxSweep, RunId, Scope, StoreError, TaskRunId};
+use flowforge_ports::{Dispatch, DispatchId, OutboxStore, OutboxSweep, RunId, Scope, TaskRunId, store};
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
@@ -53,7 +53,7 @@ impl fmt::Debug for PgSweep {
 impl OutboxStore for PgStore {
     type Sweep = PgSweep;
 
-    async fn begin_sweep(&self, scope: Scope, limit: u32) -> Result<Option<PgSweep>, StoreError> {
+    async fn begin_sweep(&self, scope: Scope, limit: u32) -> Result<Option<PgSweep>, store::Error> {
         if limit == 0 {
             return Ok(None);
         }
@@ -96,7 +96,7 @@ impl OutboxSweep for PgSweep {
         &self.dispatches
     }
 
-    async fn mark_published(&mut self, ids: &[DispatchId]) -> Result<(), StoreError> {
+    async fn mark_published(&mut self, ids: &[DispatchId]) -> Result<(), store::Error> {
         // Only rows this sweep holds: marking another sweeper's row would
         // wait on its lock and publish nothing.
         let ids: Vec<i64> = ids.iter().map(|d| d.0).filter(|id| self.held.contains(id)).collect();
@@ -107,7 +107,7 @@ impl OutboxSweep for PgSweep {
         let tx = self
             .tx
             .as_deref_mut()
-            .ok_or_else(|| StoreError::Other("the sweep has ended".to_owned()))?;
+            .ok_or_else(|| store::Error::Other("the sweep has ended".to_owned()))?;
         sqlx::query(queries::MARK_PUBLISHED)
             .bind(offset)
             .bind(&ids)
@@ -117,11 +117,11 @@ impl OutboxSweep for PgSweep {
         Ok(())
     }
 
-    async fn commit(mut self) -> Result<(), StoreError> {
+    async fn commit(mut self) -> Result<(), store::Error> {
         let tx = self
             .tx
             .take()
-            .ok_or_else(|| StoreError::Other("the sweep has ended".to_owned()))?;
+            .ok_or_else(|| store::Error::Other("the sweep has ended".to_owned()))?;
         tx.commit().await.map_err(store_error)
     }
 }

@@ -7,7 +7,7 @@ use std::fmt;
 
 use flowforge_domain::derive::TaskTally;
 use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, run_machine};
-use flowforge_ports::{Activity, PassRun, PassTask, RunId, RunPass, StoreError, Topic, WorkflowId};
+use flowforge_ports::{Activity, LockedRun, PassTask, RunId, RunPass, Topic, WorkflowId, store};
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
@@ -21,7 +21,7 @@ pub struct PgRunPass {
     store: PgStore,
     /// `None` only once committed (or while dropping).
     tx: Option<Transaction<'static, Postgres>>,
-    run: PassRun,
+    run: LockedRun,
     /// Outbox rows were written: wake the publisher after commit.
     dispatched: bool,
     /// The run reached a terminal state: wake its waiters after commit.
@@ -52,7 +52,7 @@ impl fmt::Debug for PgRunPass {
 }
 
 #[derive(Debug, sqlx::FromRow)]
-struct LockedRun {
+struct LockedRow {
     run_id: Uuid,
     workflow_id: i64,
     run_state: String,
@@ -92,13 +92,13 @@ struct TallyRow {
 }
 
 impl PgRunPass {
-    pub(crate) async fn begin(store: PgStore, run: RunId) -> Result<Option<Self>, StoreError> {
+    pub(crate) async fn begin(store: PgStore, run: RunId) -> Result<Option<Self>, store::Error> {
         // A pass this process dropped may still hold the run's lock.
         store.inner.rollbacks.settled().await;
         let mut tx = store.inner.pool.begin().await.map_err(store_error)?;
         // Every pass starts with take_flagged: its flags come with the lock,
         // saving a round trip on the path of every hop.
-        let rows: Vec<LockedRun> = sqlx::query_as(queries::BEGIN_PASS_TAKING_FLAGS)
+        let rows: Vec<LockedRow> = sqlx::query_as(queries::BEGIN_PASS_TAKING_FLAGS)
             .bind(run.0)
             .fetch_all(&mut *tx)
             .await
@@ -107,7 +107,7 @@ impl PgRunPass {
             tx.rollback().await.map_err(store_error)?;
             return Ok(None);
         };
-        let run = PassRun {
+        let run = LockedRun {
             id: RunId(locked.run_id),
             workflow_id: WorkflowId(locked.workflow_id),
             state: parse_name::<RunState>(&locked.run_state, "workflow_run.state")?,
@@ -130,19 +130,19 @@ impl PgRunPass {
     }
 
     /// The pass's connection, inside its transaction.
-    fn conn(&mut self) -> Result<&mut PgConnection, StoreError> {
+    fn conn(&mut self) -> Result<&mut PgConnection, store::Error> {
         self.tx
             .as_deref_mut()
-            .ok_or_else(|| StoreError::Other("the scheduler pass has ended".to_owned()))
+            .ok_or_else(|| store::Error::Other("the scheduler pass has ended".to_owned()))
     }
 }
 
 impl RunPass for PgRunPass {
-    fn run(&self) -> &PassRun {
+    fn run(&self) -> &LockedRun {
         &self.run
     }
 
-    async fn take_flagged(&mut self) -> Result<Vec<PassTask>, StoreError> {
+    async fn take_flagged(&mut self) -> Result<Vec<PassTask>, store::Error> {
         if let Some(taken) = self.flagged.take() {
             return Ok(taken);
         }
@@ -154,7 +154,7 @@ impl RunPass for PgRunPass {
         rows.into_iter().map(FlaggedRow::into_pass_task).collect()
     }
 
-    async fn satisfy_dependencies(&mut self, done: &[(String, u32)]) -> Result<Vec<String>, StoreError> {
+    async fn satisfy_dependencies(&mut self, done: &[(String, u32)]) -> Result<Vec<String>, store::Error> {
         self.activity = None;
         let offset = self.store.offset();
         // One UPDATE for the whole batch: a row named twice gets the sum
@@ -168,7 +168,9 @@ impl RunPass for PgRunPass {
             let keys: Vec<&str> = sums.keys().copied().collect();
             let amounts = sums
                 .values()
-                .map(|n| i32::try_from(*n).map_err(|_| StoreError::Other(format!("dependency count {n} is too large"))))
+                .map(|n| {
+                    i32::try_from(*n).map_err(|_| store::Error::Other(format!("dependency count {n} is too large")))
+                })
                 .collect::<Result<Vec<i32>, _>>()?;
             let rows: Vec<(String, bool)> = sqlx::query_as(queries::LOWER_AND_PROMOTE)
                 .bind(offset)
@@ -188,7 +190,7 @@ impl RunPass for PgRunPass {
         Ok(made_ready)
     }
 
-    async fn promote_due_retries(&mut self) -> Result<Vec<String>, StoreError> {
+    async fn promote_due_retries(&mut self) -> Result<Vec<String>, store::Error> {
         let offset = self.store.offset();
         let not_pending = self.run.state != RunState::Pending;
         let (keys, woke, any_active, any_started): (Vec<String>, bool, bool, bool) =
@@ -208,7 +210,7 @@ impl RunPass for PgRunPass {
         Ok(keys)
     }
 
-    async fn cancel_pending(&mut self, keys: &[String], reason: CancelReason) -> Result<Vec<String>, StoreError> {
+    async fn cancel_pending(&mut self, keys: &[String], reason: CancelReason) -> Result<Vec<String>, store::Error> {
         self.activity = None;
         let offset = self.store.offset();
         if keys.is_empty() {
@@ -224,7 +226,7 @@ impl RunPass for PgRunPass {
             .map_err(store_error)
     }
 
-    async fn cancel_waiting(&mut self) -> Result<Vec<String>, StoreError> {
+    async fn cancel_waiting(&mut self) -> Result<Vec<String>, store::Error> {
         self.activity = None;
         let offset = self.store.offset();
         sqlx::query_scalar(queries::CANCEL_WAITING)
@@ -235,7 +237,7 @@ impl RunPass for PgRunPass {
             .map_err(store_error)
     }
 
-    async fn tally(&mut self) -> Result<TaskTally, StoreError> {
+    async fn tally(&mut self) -> Result<TaskTally, store::Error> {
         let rows: Vec<TallyRow> = sqlx::query_as(queries::TALLY)
             .bind(self.run.id.0)
             .fetch_all(self.conn()?)
@@ -254,7 +256,7 @@ impl RunPass for PgRunPass {
         Ok(tally)
     }
 
-    async fn activity(&mut self) -> Result<Activity, StoreError> {
+    async fn activity(&mut self) -> Result<Activity, store::Error> {
         if let Some(known) = self.activity.take() {
             return Ok(known);
         }
@@ -271,7 +273,7 @@ impl RunPass for PgRunPass {
         })
     }
 
-    async fn succeeded_keys(&mut self) -> Result<BTreeSet<String>, StoreError> {
+    async fn succeeded_keys(&mut self) -> Result<BTreeSet<String>, store::Error> {
         let keys: Vec<String> = sqlx::query_scalar(queries::SUCCEEDED_KEYS)
             .bind(self.run.id.0)
             .fetch_all(self.conn()?)
@@ -280,7 +282,7 @@ impl RunPass for PgRunPass {
         Ok(keys.into_iter().collect())
     }
 
-    async fn compensator_states(&mut self) -> Result<Vec<(String, TaskRunState)>, StoreError> {
+    async fn compensator_states(&mut self) -> Result<Vec<(String, TaskRunState)>, store::Error> {
         let rows: Vec<(String, String)> = sqlx::query_as(queries::COMPENSATOR_STATES)
             .bind(self.run.id.0)
             .fetch_all(self.conn()?)
@@ -291,7 +293,7 @@ impl RunPass for PgRunPass {
             .collect()
     }
 
-    async fn create_compensator(&mut self, key: &str, compensate_for: &str) -> Result<bool, StoreError> {
+    async fn create_compensator(&mut self, key: &str, compensate_for: &str) -> Result<bool, store::Error> {
         self.activity = None;
         let offset = self.store.offset();
         let (known, created, woke): (bool, bool, bool) = sqlx::query_as(queries::CREATE_COMPENSATOR)
@@ -304,7 +306,7 @@ impl RunPass for PgRunPass {
             .await
             .map_err(store_error)?;
         if !known {
-            return Err(StoreError::Other(format!(
+            return Err(store::Error::Other(format!(
                 "workflow {} has no compensation task '{key}' for '{compensate_for}'",
                 self.run.workflow_id
             )));
@@ -313,16 +315,16 @@ impl RunPass for PgRunPass {
         Ok(created)
     }
 
-    async fn transition_run(&mut self, edge: RunTransition) -> Result<bool, StoreError> {
+    async fn transition_run(&mut self, edge: RunTransition) -> Result<bool, store::Error> {
         self.activity = None;
         let offset = self.store.offset();
         let Some(t) = run_machine().get(edge) else {
-            return Err(StoreError::Other(format!("'{edge}' is not a WorkflowRun transition")));
+            return Err(store::Error::Other(format!("'{edge}' is not a WorkflowRun transition")));
         };
         // The pass holds the run's lock, so the state it tracks is the
         // stored one: an edge from another state is a caller bug.
         if t.source != self.run.state {
-            return Err(StoreError::Other(format!(
+            return Err(store::Error::Other(format!(
                 "illegal workflow run transition '{edge}' from '{}' (it leaves '{}')",
                 self.run.state, t.source
             )));
@@ -345,11 +347,11 @@ impl RunPass for PgRunPass {
         Ok(moved)
     }
 
-    async fn commit(mut self) -> Result<(), StoreError> {
+    async fn commit(mut self) -> Result<(), store::Error> {
         let tx = self
             .tx
             .take()
-            .ok_or_else(|| StoreError::Other("the scheduler pass has ended".to_owned()))?;
+            .ok_or_else(|| store::Error::Other("the scheduler pass has ended".to_owned()))?;
         tx.commit().await.map_err(store_error)?;
         self.store
             .announce(&[(Topic::Publisher, self.dispatched), (Topic::RunSettled, self.settled)])

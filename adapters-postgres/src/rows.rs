@@ -6,7 +6,7 @@ use std::str::FromStr;
 use chrono::{DateTime, Utc};
 use flowforge_domain::{CancelReason, RunState, TaskRunState};
 use flowforge_ports::{
-    EventView, PassTask, RunId, RunSummary, StoreError, TaskRunId, TaskRunView, WorkerId, WorkerInfo, WorkflowId,
+    EventView, PassTask, RunId, RunSummary, TaskRunId, TaskRunView, WorkerId, WorkerInfo, WorkflowId, store,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -14,23 +14,23 @@ use uuid::Uuid;
 use crate::error::corrupt;
 
 /// Parses a stored enum name (state, reason) or reports which column broke.
-pub(crate) fn parse_name<T: FromStr>(value: &str, column: &str) -> Result<T, StoreError> {
+pub(crate) fn parse_name<T: FromStr>(value: &str, column: &str) -> Result<T, store::Error> {
     value
         .parse()
         .map_err(|_| corrupt(format!("{column} holds '{value}', which this binary does not know")))
 }
 
 /// Converts a stored non-negative integer to `u32`.
-pub(crate) fn to_u32(value: i32, column: &str) -> Result<u32, StoreError> {
+pub(crate) fn to_u32(value: i32, column: &str) -> Result<u32, store::Error> {
     u32::try_from(value).map_err(|_| corrupt(format!("{column} holds {value}, which is negative")))
 }
 
 /// Converts a count or id bound for SQL.
-pub(crate) fn to_i32(value: u32, what: &str) -> Result<i32, StoreError> {
-    i32::try_from(value).map_err(|_| StoreError::Other(format!("{what} {value} does not fit the store")))
+pub(crate) fn to_i32(value: u32, what: &str) -> Result<i32, store::Error> {
+    i32::try_from(value).map_err(|_| store::Error::Other(format!("{what} {value} does not fit the store")))
 }
 
-fn reason(value: Option<String>) -> Result<Option<CancelReason>, StoreError> {
+fn reason(value: Option<String>) -> Result<Option<CancelReason>, store::Error> {
     value
         .map(|r| parse_name::<CancelReason>(&r, "task_run.cancel_reason"))
         .transpose()
@@ -50,7 +50,7 @@ pub(crate) struct SummaryRow {
 }
 
 impl SummaryRow {
-    pub(crate) fn into_summary(self) -> Result<RunSummary, StoreError> {
+    pub(crate) fn into_summary(self) -> Result<RunSummary, store::Error> {
         Ok(RunSummary {
             id: RunId(self.id),
             workflow_id: WorkflowId(self.workflow_id),
@@ -92,7 +92,7 @@ pub(crate) struct TaskRunRow {
 }
 
 impl TaskRunRow {
-    pub(crate) fn into_view(self) -> Result<TaskRunView, StoreError> {
+    pub(crate) fn into_view(self) -> Result<TaskRunView, store::Error> {
         Ok(TaskRunView {
             id: TaskRunId(self.id),
             key: self.task_key,
@@ -126,7 +126,7 @@ pub(crate) struct EventRow {
 }
 
 impl EventRow {
-    pub(crate) fn into_view(self) -> Result<EventView, StoreError> {
+    pub(crate) fn into_view(self) -> Result<EventView, store::Error> {
         Ok(EventView {
             task: self.task,
             transition: self.transition,
@@ -152,7 +152,7 @@ pub(crate) struct FlaggedRow {
 }
 
 impl FlaggedRow {
-    pub(crate) fn into_pass_task(self) -> Result<PassTask, StoreError> {
+    pub(crate) fn into_pass_task(self) -> Result<PassTask, store::Error> {
         Ok(PassTask {
             id: TaskRunId(self.id),
             key: self.task_key,
@@ -176,7 +176,7 @@ pub(crate) struct WorkerRow {
 }
 
 impl WorkerRow {
-    pub(crate) fn into_info(self) -> Result<WorkerInfo, StoreError> {
+    pub(crate) fn into_info(self) -> Result<WorkerInfo, store::Error> {
         let task_types: Vec<String> = serde_json::from_value(self.task_types)
             .map_err(|e| corrupt(format!("worker {}: task_types is not a list of names: {e}", self.id)))?;
         Ok(WorkerInfo {

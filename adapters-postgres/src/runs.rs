@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 use flowforge_domain::{RunState, TaskRunState, TaskTransition, run_machine};
 use flowforge_ports::store::resolve_generic_transition;
 use flowforge_ports::{
-    CancelOutcome, Claim, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore, RunSummary, Scope, StoreError,
-    TaskInputs, TaskOutcome, TaskRunId, Topic, TransitionError, WorkerId, WorkflowId,
+    CancelOutcome, Claim, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore, RunSummary, Scope, TaskInputs,
+    TaskOutcome, TaskRunId, Topic, TransitionError, WorkerId, WorkflowId, store,
 };
 use serde_json::{Map, Value};
 use uuid::Uuid;
@@ -67,7 +67,7 @@ impl PgStore {
         token: i64,
         worker: &WorkerId,
         outcome: TaskOutcome,
-    ) -> Result<FinishResult, StoreError> {
+    ) -> Result<FinishResult, store::Error> {
         let (state, transition, output, error, reason, retry_in) = match outcome {
             TaskOutcome::Succeeded { output } => (
                 TaskRunState::Succeeded,
@@ -144,7 +144,7 @@ impl PgStore {
         Ok(FinishResult::Recorded(TaskRunState::Retrying))
     }
 
-    async fn generic(&self, id: TaskRunId, from: TaskRunState, edge: TaskTransition) -> Result<bool, StoreError> {
+    async fn generic(&self, id: TaskRunId, from: TaskRunState, edge: TaskTransition) -> Result<bool, store::Error> {
         let (sql, topic) = match edge {
             TaskTransition::DependenciesSatisfied | TaskTransition::RetryReady => {
                 (queries::GENERIC_TO_READY, Topic::Publisher)
@@ -154,7 +154,7 @@ impl PgStore {
             }
             // resolve_generic_transition refuses every other edge first.
             other => {
-                return Err(StoreError::Other(format!(
+                return Err(store::Error::Other(format!(
                     "transition '{other}' has no generic implementation"
                 )));
             }
@@ -176,7 +176,7 @@ impl RunStore for PgStore {
     type Pass = PgRunPass;
     type Notifier = PgNotifier;
 
-    async fn start_run(&self, workflow: WorkflowId, input: Value) -> Result<RunId, StoreError> {
+    async fn start_run(&self, workflow: WorkflowId, input: Value) -> Result<RunId, store::Error> {
         let id = Uuid::now_v7();
         let (created, woke_publisher, woke_scheduler): (bool, bool, bool) = sqlx::query_as(queries::START_RUN)
             .bind(self.offset())
@@ -187,7 +187,7 @@ impl RunStore for PgStore {
             .await
             .map_err(store_error)?;
         if !created {
-            return Err(StoreError::Other(format!(
+            return Err(store::Error::Other(format!(
                 "workflow definition {workflow} does not exist"
             )));
         }
@@ -196,7 +196,7 @@ impl RunStore for PgStore {
         Ok(RunId(id))
     }
 
-    async fn request_cancel(&self, run: RunId) -> Result<Option<CancelOutcome>, StoreError> {
+    async fn request_cancel(&self, run: RunId) -> Result<Option<CancelOutcome>, store::Error> {
         let (requested, woke): (bool, bool) = sqlx::query_as(queries::REQUEST_CANCEL)
             .bind(self.offset())
             .bind(run.0)
@@ -229,7 +229,7 @@ impl RunStore for PgStore {
         token: i64,
         worker: &WorkerId,
         lease: Duration,
-    ) -> Result<Option<Claim>, StoreError> {
+    ) -> Result<Option<Claim>, store::Error> {
         let row: Option<ClaimRow> = sqlx::query_as(queries::CLAIM)
             .bind(self.offset())
             .bind(id.0)
@@ -257,7 +257,7 @@ impl RunStore for PgStore {
         }))
     }
 
-    async fn task_inputs(&self, run: RunId, keys: &[String]) -> Result<TaskInputs, StoreError> {
+    async fn task_inputs(&self, run: RunId, keys: &[String]) -> Result<TaskInputs, store::Error> {
         let row: Option<(Value, Option<Value>)> = sqlx::query_as(queries::TASK_INPUTS)
             .bind(run.0)
             .bind(keys)
@@ -265,7 +265,7 @@ impl RunStore for PgStore {
             .await
             .map_err(store_error)?;
         let Some((run_input, outputs)) = row else {
-            return Err(StoreError::Other(format!("run {run} does not exist")));
+            return Err(store::Error::Other(format!("run {run} does not exist")));
         };
         let outputs = match outputs {
             None => Map::new(),
@@ -275,7 +275,7 @@ impl RunStore for PgStore {
         Ok(TaskInputs { run_input, outputs })
     }
 
-    async fn renew_lease(&self, id: TaskRunId, token: i64, lease: Duration) -> Result<LeaseStatus, StoreError> {
+    async fn renew_lease(&self, id: TaskRunId, token: i64, lease: Duration) -> Result<LeaseStatus, store::Error> {
         let cancel_requested: Option<bool> = sqlx::query_scalar(queries::RENEW_LEASE)
             .bind(self.offset())
             .bind(id.0)
@@ -296,7 +296,7 @@ impl RunStore for PgStore {
         token: i64,
         worker: &WorkerId,
         outcome: TaskOutcome,
-    ) -> Result<FinishResult, StoreError> {
+    ) -> Result<FinishResult, store::Error> {
         self.finish(id, token, worker, outcome).await
     }
 
@@ -312,7 +312,7 @@ impl RunStore for PgStore {
         Ok(self.generic(id, from, edge).await?)
     }
 
-    async fn reap_expired_leases(&self, scope: Scope, limit_to: u32) -> Result<Vec<Reaped>, StoreError> {
+    async fn reap_expired_leases(&self, scope: Scope, limit_to: u32) -> Result<Vec<Reaped>, store::Error> {
         if limit_to == 0 {
             return Ok(Vec::new());
         }
@@ -374,7 +374,7 @@ impl RunStore for PgStore {
             .collect()
     }
 
-    async fn runs_with_work(&self, scope: Scope, limit_to: u32) -> Result<Vec<RunId>, StoreError> {
+    async fn runs_with_work(&self, scope: Scope, limit_to: u32) -> Result<Vec<RunId>, store::Error> {
         let ids: Vec<Uuid> = sqlx::query_scalar(queries::RUNS_WITH_WORK)
             .bind(self.offset())
             .bind(i64::from(limit_to))
@@ -385,7 +385,7 @@ impl RunStore for PgStore {
         Ok(ids.into_iter().map(RunId).collect())
     }
 
-    async fn next_deadline(&self, scope: Scope) -> Result<Option<Duration>, StoreError> {
+    async fn next_deadline(&self, scope: Scope) -> Result<Option<Duration>, store::Error> {
         let seconds: Option<f64> = sqlx::query_scalar(queries::NEXT_DEADLINE)
             .bind(self.offset())
             .bind(scope_runs(&scope))
@@ -401,11 +401,11 @@ impl RunStore for PgStore {
         }))
     }
 
-    async fn begin_pass(&self, run: RunId) -> Result<Option<PgRunPass>, StoreError> {
+    async fn begin_pass(&self, run: RunId) -> Result<Option<PgRunPass>, store::Error> {
         PgRunPass::begin(self.clone(), run).await
     }
 
-    async fn get_run(&self, run: RunId) -> Result<Option<RunDetail>, StoreError> {
+    async fn get_run(&self, run: RunId) -> Result<Option<RunDetail>, store::Error> {
         // One snapshot for the run, its task runs and its history, so a
         // report never mixes two moments.
         let mut tx = self
@@ -442,7 +442,7 @@ impl RunStore for PgStore {
         }))
     }
 
-    async fn list_runs(&self, limit_to: u32) -> Result<Vec<RunSummary>, StoreError> {
+    async fn list_runs(&self, limit_to: u32) -> Result<Vec<RunSummary>, store::Error> {
         let rows: Vec<SummaryRow> = sqlx::query_as(queries::LIST_RUNS)
             .bind(i64::from(limit_to))
             .fetch_all(&self.inner.pool)
@@ -451,7 +451,7 @@ impl RunStore for PgStore {
         rows.into_iter().map(SummaryRow::into_summary).collect()
     }
 
-    async fn notifier(&self) -> Result<PgNotifier, StoreError> {
+    async fn notifier(&self) -> Result<PgNotifier, store::Error> {
         self.inner.hub.ensure_listening().await?;
         Ok(PgNotifier::new(std::sync::Arc::clone(&self.inner.hub)))
     }

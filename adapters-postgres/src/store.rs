@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use flowforge_ports::{Clock, StoreError};
+use flowforge_ports::{Clock, store};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
@@ -144,7 +144,7 @@ impl PgStore {
     /// when the schema is missing or differs from this binary's (this never
     /// migrates: run [`PgStore::migrate`] or `flowforge migrate`); `Other`
     /// for a malformed URL.
-    pub async fn connect(url: &str, clock: Arc<dyn Clock>, options: PgOptions) -> Result<Self, StoreError> {
+    pub async fn connect(url: &str, clock: Arc<dyn Clock>, options: PgOptions) -> Result<Self, store::Error> {
         let store = Self::connect_unchecked(url, clock, options).await?;
         store.check_migrations().await?;
         Ok(store)
@@ -152,7 +152,7 @@ impl PgStore {
 
     /// Connects without checking the schema: for `flowforge migrate`, which
     /// then calls [`PgStore::migrate`].
-    pub async fn connect_unchecked(url: &str, clock: Arc<dyn Clock>, options: PgOptions) -> Result<Self, StoreError> {
+    pub async fn connect_unchecked(url: &str, clock: Arc<dyn Clock>, options: PgOptions) -> Result<Self, store::Error> {
         let connect = connect_options(url, &options)?;
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections.max(1))
@@ -174,22 +174,22 @@ impl PgStore {
 
     /// Applies every embedded migration not yet applied (idempotent; safe
     /// to run from several processes at once: sqlx takes an advisory lock).
-    pub async fn migrate(&self) -> Result<(), StoreError> {
+    pub async fn migrate(&self) -> Result<(), store::Error> {
         MIGRATOR
             .run(&self.inner.pool)
             .await
-            .map_err(|e| StoreError::Migration(e.to_string()))
+            .map_err(|e| store::Error::Migration(e.to_string()))
     }
 
     /// Checks that the database holds exactly this binary's migrations,
     /// applied successfully and unmodified.
-    pub async fn check_migrations(&self) -> Result<(), StoreError> {
+    pub async fn check_migrations(&self) -> Result<(), store::Error> {
         let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
             .fetch_one(&self.inner.pool)
             .await
             .map_err(store_error)?;
         if !exists {
-            return Err(StoreError::Migration(
+            return Err(store::Error::Migration(
                 "no migrations are applied to this database".to_owned(),
             ));
         }
@@ -202,19 +202,19 @@ impl PgStore {
         for m in MIGRATOR.iter() {
             match applied.get(&m.version) {
                 None => {
-                    return Err(StoreError::Migration(format!(
+                    return Err(store::Error::Migration(format!(
                         "migration {} ({}) is not applied",
                         m.version, m.description
                     )));
                 }
                 Some((false, _)) => {
-                    return Err(StoreError::Migration(format!(
+                    return Err(store::Error::Migration(format!(
                         "migration {} ({}) failed part-way; repair the database",
                         m.version, m.description
                     )));
                 }
                 Some((true, checksum)) if checksum.as_slice() != &*m.checksum => {
-                    return Err(StoreError::Migration(format!(
+                    return Err(store::Error::Migration(format!(
                         "migration {} ({}) was applied from different SQL than this binary carries",
                         m.version, m.description
                     )));
@@ -223,7 +223,7 @@ impl PgStore {
             }
         }
         if let Some(unknown) = applied.keys().find(|v| !MIGRATOR.version_exists(**v)) {
-            return Err(StoreError::Migration(format!(
+            return Err(store::Error::Migration(format!(
                 "the database has migration {unknown}, which this binary does not know: it is older than the schema"
             )));
         }
@@ -242,9 +242,9 @@ impl PgStore {
     }
 }
 
-fn connect_options(url: &str, options: &PgOptions) -> Result<PgConnectOptions, StoreError> {
+fn connect_options(url: &str, options: &PgOptions) -> Result<PgConnectOptions, store::Error> {
     let mut connect =
-        PgConnectOptions::from_str(url).map_err(|e| StoreError::Other(format!("invalid PostgreSQL URL: {e}")))?;
+        PgConnectOptions::from_str(url).map_err(|e| store::Error::Other(format!("invalid PostgreSQL URL: {e}")))?;
     if connect.get_application_name().is_none() {
         connect = connect.application_name(&options.application_name);
     }
@@ -257,6 +257,6 @@ fn connect_options(url: &str, options: &PgOptions) -> Result<PgConnectOptions, S
 
 /// Converts a std duration to the interval bound into SQL, refusing the
 /// absurd (more than ~292 000 years) instead of wrapping.
-pub(crate) fn interval(d: Duration) -> Result<TimeDelta, StoreError> {
-    TimeDelta::from_std(d).map_err(|_| StoreError::Other(format!("duration {d:?} is out of range")))
+pub(crate) fn interval(d: Duration) -> Result<TimeDelta, store::Error> {
+    TimeDelta::from_std(d).map_err(|_| store::Error::Other(format!("duration {d:?} is out of range")))
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use flowforge_ports::{StoreError, WorkerId, WorkerInfo, WorkerRegistration, WorkerRegistry};
+use flowforge_ports::{WorkerId, WorkerInfo, WorkerRegistration, WorkerRegistry, store};
 use serde_json::Value;
 
 use crate::error::store_error;
@@ -13,10 +13,10 @@ use crate::rows::{WorkerRow, to_i32};
 use crate::store::{PgStore, interval};
 
 impl WorkerRegistry for PgStore {
-    async fn register_worker(&self, worker: &WorkerRegistration) -> Result<(), StoreError> {
+    async fn register_worker(&self, worker: &WorkerRegistration) -> Result<(), store::Error> {
         let types = Value::from(worker.task_types.clone());
         let pid =
-            i32::try_from(worker.pid).map_err(|_| StoreError::Other(format!("pid {} is too large", worker.pid)))?;
+            i32::try_from(worker.pid).map_err(|_| store::Error::Other(format!("pid {} is too large", worker.pid)))?;
         sqlx::query(queries::REGISTER_WORKER)
             .bind(self.offset())
             .bind(&worker.id.0)
@@ -30,7 +30,7 @@ impl WorkerRegistry for PgStore {
         Ok(())
     }
 
-    async fn touch_worker(&self, id: &WorkerId) -> Result<(), StoreError> {
+    async fn touch_worker(&self, id: &WorkerId) -> Result<(), store::Error> {
         sqlx::query(queries::TOUCH_WORKER)
             .bind(self.offset())
             .bind(&id.0)
@@ -40,7 +40,7 @@ impl WorkerRegistry for PgStore {
         Ok(())
     }
 
-    async fn deregister_worker(&self, id: &WorkerId) -> Result<(), StoreError> {
+    async fn deregister_worker(&self, id: &WorkerId) -> Result<(), store::Error> {
         sqlx::query(queries::DEREGISTER_WORKER)
             .bind(self.offset())
             .bind(&id.0)
@@ -50,7 +50,7 @@ impl WorkerRegistry for PgStore {
         Ok(())
     }
 
-    async fn list_workers(&self) -> Result<Vec<WorkerInfo>, StoreError> {
+    async fn list_workers(&self) -> Result<Vec<WorkerInfo>, store::Error> {
         let rows: Vec<WorkerRow> = sqlx::query_as(queries::LIST_WORKERS)
             .fetch_all(&self.inner.pool)
             .await
@@ -58,7 +58,7 @@ impl WorkerRegistry for PgStore {
         rows.into_iter().map(WorkerRow::into_info).collect()
     }
 
-    async fn live_task_types(&self, within: Duration) -> Result<BTreeSet<String>, StoreError> {
+    async fn live_task_types(&self, within: Duration) -> Result<BTreeSet<String>, store::Error> {
         let types: Vec<String> = sqlx::query_scalar(queries::LIVE_TASK_TYPES)
             .bind(self.offset())
             .bind(interval(within)?)

@@ -1,10 +1,10 @@
 //! Connecting, declaring the topology, and translating lapin's errors into
-//! [`QueueError`]s.
+//! [`queue::Error`]s.
 
 use std::future::Future;
 use std::time::Duration;
 
-use flowforge_ports::QueueError;
+use flowforge_ports::queue;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString};
@@ -14,7 +14,7 @@ use crate::config::Settings;
 
 /// Opens a connection, bounded by the connect timeout. Never retries: the
 /// caller's loop owns the backoff.
-pub(crate) async fn connect(settings: &Settings) -> Result<Connection, QueueError> {
+pub(crate) async fn connect(settings: &Settings) -> Result<Connection, queue::Error> {
     let properties = ConnectionProperties::default().with_connection_name(settings.connection_name.clone().into());
     match tokio::time::timeout(
         settings.connect_timeout,
@@ -26,11 +26,11 @@ pub(crate) async fn connect(settings: &Settings) -> Result<Connection, QueueErro
             tracing::debug!(url = %settings.display_url, "connected to RabbitMQ");
             Ok(connection)
         }
-        Ok(Err(error)) => Err(QueueError::Unavailable(format!(
+        Ok(Err(error)) => Err(queue::Error::Unavailable(format!(
             "cannot connect to {}: {error}",
             settings.display_url
         ))),
-        Err(_) => Err(QueueError::Unavailable(format!(
+        Err(_) => Err(queue::Error::Unavailable(format!(
             "connecting to {} did not complete within {:?}",
             settings.display_url, settings.connect_timeout
         ))),
@@ -38,7 +38,7 @@ pub(crate) async fn connect(settings: &Settings) -> Result<Connection, QueueErro
 }
 
 /// Opens a channel on `connection`, bounded by the connect timeout.
-pub(crate) async fn open_channel(connection: &Connection, settings: &Settings) -> Result<Channel, QueueError> {
+pub(crate) async fn open_channel(connection: &Connection, settings: &Settings) -> Result<Channel, queue::Error> {
     bounded(
         settings.connect_timeout,
         "opening a channel",
@@ -48,7 +48,7 @@ pub(crate) async fn open_channel(connection: &Connection, settings: &Settings) -
 }
 
 /// Declares the dispatch exchange: durable, direct.
-pub(crate) async fn declare_exchange(channel: &Channel, settings: &Settings) -> Result<(), QueueError> {
+pub(crate) async fn declare_exchange(channel: &Channel, settings: &Settings) -> Result<(), queue::Error> {
     declare(
         settings,
         "declaring the exchange",
@@ -67,7 +67,7 @@ pub(crate) async fn declare_exchange(channel: &Channel, settings: &Settings) -> 
 }
 
 /// Declares the exchange, the quorum queue and the binding between them.
-pub(crate) async fn declare_topology(channel: &Channel, settings: &Settings) -> Result<(), QueueError> {
+pub(crate) async fn declare_topology(channel: &Channel, settings: &Settings) -> Result<(), queue::Error> {
     declare_exchange(channel, settings).await?;
     let mut arguments = FieldTable::default();
     arguments.insert("x-queue-type".into(), AMQPValue::LongString(LongString::from("quorum")));
@@ -155,8 +155,8 @@ fn precondition_failed(error: &lapin::Error) -> Option<String> {
 
 /// Any other lapin error: the connection or channel is gone or refused us;
 /// retrying later may succeed.
-pub(crate) fn unavailable(context: &str, error: &lapin::Error) -> QueueError {
-    QueueError::Unavailable(format!("{context}: {error}"))
+pub(crate) fn unavailable(context: &str, error: &lapin::Error) -> queue::Error {
+    queue::Error::Unavailable(format!("{context}: {error}"))
 }
 
 /// Runs a setup step with a timeout, mapping every failure to `Unavailable`.
@@ -164,7 +164,7 @@ pub(crate) async fn bounded<T>(
     limit: Duration,
     what: &str,
     step: impl Future<Output = lapin::Result<T>>,
-) -> Result<T, QueueError> {
+) -> Result<T, queue::Error> {
     bounded_raw(limit, what, step)
         .await?
         .map_err(|error| unavailable(what, &error))
@@ -179,11 +179,11 @@ async fn declare<T>(
     what: &str,
     step: impl Future<Output = lapin::Result<T>>,
     mismatch: fn(&Settings, &str) -> String,
-) -> Result<T, QueueError> {
+) -> Result<T, queue::Error> {
     bounded_raw(settings.connect_timeout, what, step)
         .await?
         .map_err(|error| match precondition_failed(&error) {
-            Some(broker_text) => QueueError::QueueTypeMismatch(mismatch(settings, &broker_text)),
+            Some(broker_text) => queue::Error::QueueTypeMismatch(mismatch(settings, &broker_text)),
             None => unavailable(what, &error),
         })
 }
@@ -193,10 +193,10 @@ async fn bounded_raw<T>(
     limit: Duration,
     what: &str,
     step: impl Future<Output = lapin::Result<T>>,
-) -> Result<lapin::Result<T>, QueueError> {
+) -> Result<lapin::Result<T>, queue::Error> {
     tokio::time::timeout(limit, step)
         .await
-        .map_err(|_| QueueError::Unavailable(format!("{what} did not complete within {limit:?}")))
+        .map_err(|_| queue::Error::Unavailable(format!("{what} did not complete within {limit:?}")))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use flowforge_ports::{Delivery, Dispatch, DispatchConsumer, DispatchQueue, QueueError};
+use flowforge_ports::{Delivery, Dispatch, DispatchConsumer, DispatchQueue, queue};
 use futures_util::{FutureExt, StreamExt};
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions};
 use lapin::types::FieldTable;
@@ -41,9 +41,9 @@ impl RabbitQueue {
 
     /// Connects (if not connected) and declares the exchange, the queue and
     /// the binding, so a worker can fail fast at start, with
-    /// [`QueueError::QueueTypeMismatch`] when the queue is not a quorum
+    /// [`queue::Error::QueueTypeMismatch`] when the queue is not a quorum
     /// queue. [`consumer`](DispatchQueue::consumer) does the same by itself.
-    pub async fn declare(&self) -> Result<(), QueueError> {
+    pub async fn declare(&self) -> Result<(), queue::Error> {
         let channel = self.open_channel().await?;
         broker::declare_topology(&channel, &self.settings).await?;
         // Closing is a courtesy: dropping the channel closes it as well.
@@ -56,7 +56,7 @@ impl RabbitQueue {
         Ok(())
     }
 
-    async fn open_channel(&self) -> Result<Channel, QueueError> {
+    async fn open_channel(&self) -> Result<Channel, queue::Error> {
         let mut slot = self.connection.lock().await;
         if !slot.as_ref().is_some_and(|connection| connection.status().connected()) {
             if slot.take().is_some() {
@@ -65,7 +65,7 @@ impl RabbitQueue {
             *slot = Some(broker::connect(&self.settings).await?);
         }
         let Some(connection) = slot.as_ref() else {
-            return Err(QueueError::Unavailable("consumer connection vanished".to_owned()));
+            return Err(queue::Error::Unavailable("consumer connection vanished".to_owned()));
         };
         match broker::open_channel(connection, &self.settings).await {
             Ok(channel) => Ok(channel),
@@ -85,7 +85,7 @@ impl DispatchQueue for RabbitQueue {
 
     /// Opens a channel, (re)declares the topology, sets `basic.qos`
     /// prefetch 1 and starts a manual-ack consumer on the queue.
-    async fn consumer(&self) -> Result<RabbitConsumer, QueueError> {
+    async fn consumer(&self) -> Result<RabbitConsumer, queue::Error> {
         let settings = &self.settings;
         let channel = self.open_channel().await?;
         broker::declare_topology(&channel, settings).await?;
@@ -132,14 +132,14 @@ pub struct RabbitConsumer {
     consumer: lapin::Consumer,
     op_timeout: Duration,
     /// Set once the stream failed: every later `next` repeats it.
-    failed: Option<QueueError>,
+    failed: Option<queue::Error>,
 }
 
 impl RabbitConsumer {
     /// Closes the channel and waits for the broker to confirm it: anything
     /// unacknowledged is requeued, and every ack sent before has been
     /// processed.
-    pub async fn close(self) -> Result<(), QueueError> {
+    pub async fn close(self) -> Result<(), queue::Error> {
         broker::bounded(
             self.op_timeout,
             "closing the consumer channel",
@@ -148,7 +148,7 @@ impl RabbitConsumer {
         .await
     }
 
-    fn fail(&mut self, error: QueueError) -> QueueError {
+    fn fail(&mut self, error: queue::Error) -> queue::Error {
         tracing::warn!(%error, "dispatch consumer failed; reconnect with a new consumer");
         self.failed = Some(error.clone());
         error
@@ -169,7 +169,7 @@ impl DispatchConsumer for RabbitConsumer {
     ///
     /// Cancel-safe: a valid delivery is returned in the same poll that takes
     /// it off the stream.
-    async fn next(&mut self) -> Result<Option<RabbitDelivery>, QueueError> {
+    async fn next(&mut self) -> Result<Option<RabbitDelivery>, queue::Error> {
         loop {
             if let Some(error) = &self.failed {
                 return Err(error.clone());
@@ -178,7 +178,7 @@ impl DispatchConsumer for RabbitConsumer {
                 Some(Ok(delivery)) => delivery,
                 Some(Err(error)) => return Err(self.fail(broker::unavailable("consuming", &error))),
                 None => {
-                    return Err(self.fail(QueueError::Unavailable(
+                    return Err(self.fail(queue::Error::Unavailable(
                         "the broker ended the consumer (channel closed or queue deleted)".to_owned(),
                     )));
                 }
@@ -212,7 +212,7 @@ impl DispatchConsumer for RabbitConsumer {
                     match rejected {
                         Ok(Ok(true)) => {}
                         Ok(Ok(false)) => {
-                            return Err(self.fail(QueueError::Unavailable(
+                            return Err(self.fail(queue::Error::Unavailable(
                                 "the channel closed before an invalid message could be rejected".to_owned(),
                             )));
                         }
@@ -220,7 +220,7 @@ impl DispatchConsumer for RabbitConsumer {
                             return Err(self.fail(broker::unavailable("rejecting an invalid message", &error)));
                         }
                         Err(_) => {
-                            return Err(self.fail(QueueError::Timeout(format!(
+                            return Err(self.fail(queue::Error::Timeout(format!(
                                 "rejecting an invalid message did not complete within {:?}",
                                 self.op_timeout
                             ))));
@@ -254,23 +254,23 @@ impl RabbitDelivery {
     ///
     /// `verb` ("acking", "nacking") names the operation in errors, as
     /// "{verb} dispatch {id}"; that text is only built on failure.
-    async fn settle<F>(mut self, verb: &'static str, op: impl FnOnce(Acker) -> F) -> Result<(), QueueError>
+    async fn settle<F>(mut self, verb: &'static str, op: impl FnOnce(Acker) -> F) -> Result<(), queue::Error>
     where
         F: std::future::Future<Output = lapin::Result<bool>>,
     {
         let id = self.dispatch.dispatch_id;
         let Some(acker) = self.acker.take() else {
-            return Err(QueueError::Unavailable(format!(
+            return Err(queue::Error::Unavailable(format!(
                 "{verb} dispatch {id}: delivery already settled"
             )));
         };
         let error = match tokio::time::timeout(self.op_timeout, op(acker)).await {
             Ok(Ok(true)) => return Ok(()),
-            Ok(Ok(false)) => QueueError::Unavailable(format!(
+            Ok(Ok(false)) => queue::Error::Unavailable(format!(
                 "{verb} dispatch {id}: the channel closed first; the broker redelivers the dispatch"
             )),
             Ok(Err(error)) => broker::unavailable(&format!("{verb} dispatch {id}"), &error),
-            Err(_) => QueueError::Timeout(format!(
+            Err(_) => queue::Error::Timeout(format!(
                 "{verb} dispatch {id} did not complete within {:?}",
                 self.op_timeout
             )),
@@ -297,7 +297,7 @@ impl Delivery for RabbitDelivery {
     /// channel is closed (if it was not already), so the broker requeues
     /// it, and the consumer is dead. The redelivery must then be recognised
     /// as done (its claim matches nothing) and acked without running.
-    async fn ack(self) -> Result<(), QueueError> {
+    async fn ack(self) -> Result<(), queue::Error> {
         self.settle(
             "acking",
             |acker| async move { acker.ack(BasicAckOptions::default()).await },
@@ -307,7 +307,7 @@ impl Delivery for RabbitDelivery {
 
     /// Nacks the delivery with requeue: the broker delivers it again, with
     /// `redelivered` set.
-    async fn nack_requeue(self) -> Result<(), QueueError> {
+    async fn nack_requeue(self) -> Result<(), queue::Error> {
         self.settle("nacking", |acker| async move {
             acker
                 .nack(BasicNackOptions {

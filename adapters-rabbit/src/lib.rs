@@ -5,17 +5,17 @@
 //! * [`RabbitPublisher`] implements [`DispatchPublisher`]: confirm mode,
 //!   `mandatory`, persistent JSON messages (`message_id` = the dispatch id),
 //!   a whole batch in flight at once, a `basic.return` reported as
-//!   [`QueueError::Unroutable`] although the broker also acks it. It
+//!   [`queue::Error::Unroutable`] although the broker also acks it. It
 //!   declares the exchange only.
 //! * [`RabbitQueue`] implements [`DispatchQueue`]: each
 //!   [`consumer`](flowforge_ports::DispatchQueue::consumer) declares exchange, queue
 //!   (`x-queue-type: quorum`) and binding, then consumes on its own channel
 //!   with prefetch 1 and manual ack. A classic queue of the same name makes
 //!   the declaration fail with PRECONDITION_FAILED, reported as
-//!   [`QueueError::QueueTypeMismatch`] carrying the migration procedure.
+//!   [`queue::Error::QueueTypeMismatch`] carrying the migration procedure.
 //! * [`backoff`] is the jittered, capped reconnect delay.
 //!
-//! Nothing here retries: a lost connection is [`QueueError::Unavailable`],
+//! Nothing here retries: a lost connection is [`queue::Error::Unavailable`],
 //! and the next publish or `consumer()` call reconnects. The loops above
 //! own the backoff. Every broker operation is bounded by a timeout of
 //! [`RabbitConfig`]. Both types must be used inside a Tokio runtime.
@@ -47,9 +47,9 @@
 //!
 //! [`DispatchPublisher`]: flowforge_ports::DispatchPublisher
 //! [`DispatchQueue`]: flowforge_ports::DispatchQueue
-//! [`QueueError::Unroutable`]: flowforge_ports::QueueError::Unroutable
-//! [`QueueError::QueueTypeMismatch`]: flowforge_ports::QueueError::QueueTypeMismatch
-//! [`QueueError::Unavailable`]: flowforge_ports::QueueError::Unavailable
+//! [`queue::Error::Unroutable`]: flowforge_ports::queue::Error::Unroutable
+//! [`queue::Error::QueueTypeMismatch`]: flowforge_ports::queue::Error::QueueTypeMismatch
+//! [`queue::Error::Unavailable`]: flowforge_ports::queue::Error::Unavailable
 
 mod backoff;
 mod broker;

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use flowforge_ports::{Dispatch, DispatchPublisher, QueueError};
+use flowforge_ports::{Dispatch, DispatchPublisher, queue};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::message::BasicReturnMessage;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
@@ -48,12 +48,12 @@ impl RabbitPublisher {
 
     /// Connects (if not connected) and declares the exchange, so a process
     /// can fail fast at start. Publishing does the same by itself.
-    pub async fn connect(&self) -> Result<(), QueueError> {
+    pub async fn connect(&self) -> Result<(), queue::Error> {
         let mut session = self.session.lock().await;
         self.ensure_session(&mut session).await.map(|_| ())
     }
 
-    async fn ensure_session<'a>(&self, slot: &'a mut Option<Session>) -> Result<&'a Session, QueueError> {
+    async fn ensure_session<'a>(&self, slot: &'a mut Option<Session>) -> Result<&'a Session, queue::Error> {
         let alive = slot
             .as_ref()
             .is_some_and(|session| session.connection.status().connected() && session.channel.status().connected());
@@ -64,10 +64,10 @@ impl RabbitPublisher {
             *slot = Some(self.open_session().await?);
         }
         slot.as_ref()
-            .ok_or_else(|| QueueError::Unavailable("publisher session vanished".to_owned()))
+            .ok_or_else(|| queue::Error::Unavailable("publisher session vanished".to_owned()))
     }
 
-    async fn open_session(&self) -> Result<Session, QueueError> {
+    async fn open_session(&self) -> Result<Session, queue::Error> {
         let settings = &self.settings;
         let connection = broker::connect(settings).await?;
         let channel = broker::open_channel(&connection, settings).await?;
@@ -98,7 +98,7 @@ impl DispatchPublisher for RabbitPublisher {
     /// harmless), and the session is dropped so no stale confirm or return
     /// leaks into the next batch. Concurrent calls are serialised for the
     /// same reason.
-    async fn publish(&self, batch: &[Dispatch]) -> Vec<Result<(), QueueError>> {
+    async fn publish(&self, batch: &[Dispatch]) -> Vec<Result<(), queue::Error>> {
         if batch.is_empty() {
             return Vec::new();
         }
@@ -118,7 +118,7 @@ impl DispatchPublisher for RabbitPublisher {
 }
 
 struct BatchOutcome {
-    results: Vec<Result<(), QueueError>>,
+    results: Vec<Result<(), queue::Error>>,
     /// Some confirm did not arrive: the channel's state is unknown.
     in_doubt: bool,
 }
@@ -127,7 +127,7 @@ async fn publish_batch(channel: &Channel, settings: &Settings, batch: &[Dispatch
     // Phase 1: write every publish. They are polled together, so the frames
     // go out back to back instead of one socket round trip each.
     let writes = batch.iter().map(|dispatch| write_one(channel, settings, dispatch));
-    let written: Vec<Result<PublisherConfirm, QueueError>> = futures_util::future::join_all(writes).await;
+    let written: Vec<Result<PublisherConfirm, queue::Error>> = futures_util::future::join_all(writes).await;
     if let Some(error) = written.iter().find_map(|w| w.as_ref().err()).cloned() {
         // Dropping the confirms we did get is fine: the session is dropped.
         let results = written
@@ -191,14 +191,16 @@ fn judge(
     // Every return seen in this batch, by dispatch id.
     let mut returned_ids: HashSet<String> = HashSet::new();
     let mut acked: Vec<Option<bool>> = Vec::with_capacity(batch.len());
-    let mut channel_error: Option<QueueError> = None;
+    let mut channel_error: Option<queue::Error> = None;
     let mut unattributed_return = false;
     for confirmation in confirmations {
         acked.push(match confirmation {
             Some(Ok(Confirmation::NotRequested)) => {
                 // Cannot happen on a confirm_select channel; never count an
                 // unconfirmed publish as delivered.
-                channel_error.get_or_insert(QueueError::Unavailable("the channel is not in confirm mode".to_owned()));
+                channel_error.get_or_insert(queue::Error::Unavailable(
+                    "the channel is not in confirm mode".to_owned(),
+                ));
                 None
             }
             Some(Ok(confirmation)) => {
@@ -226,9 +228,9 @@ fn judge(
     let doubt = match channel_error {
         Some(error) => error,
         None if unattributed_return => {
-            QueueError::Unavailable("the broker returned a message without a dispatch id".to_owned())
+            queue::Error::Unavailable("the broker returned a message without a dispatch id".to_owned())
         }
-        None => QueueError::Timeout(format!(
+        None => queue::Error::Timeout(format!(
             "the broker did not confirm the batch within {confirm_timeout:?}"
         )),
     };
@@ -237,10 +239,10 @@ fn judge(
         .zip(acked)
         .map(|(dispatch, acked)| {
             if !returned_ids.is_empty() && returned_ids.contains(&dispatch.dispatch_id.to_string()) {
-                return Err(QueueError::Unroutable(dispatch.dispatch_id));
+                return Err(queue::Error::Unroutable(dispatch.dispatch_id));
             }
             match acked {
-                Some(false) => Err(QueueError::Nacked(dispatch.dispatch_id)),
+                Some(false) => Err(queue::Error::Nacked(dispatch.dispatch_id)),
                 // Acked, and the whole batch resolved: every return of the
                 // batch has been seen, and none was this one's.
                 Some(true) if !in_doubt => Ok(()),
@@ -257,9 +259,9 @@ async fn write_one(
     channel: &Channel,
     settings: &Settings,
     dispatch: &Dispatch,
-) -> Result<PublisherConfirm, QueueError> {
+) -> Result<PublisherConfirm, queue::Error> {
     let payload = serde_json::to_vec(dispatch).map_err(|error| {
-        QueueError::Unavailable(format!("cannot serialise dispatch {}: {error}", dispatch.dispatch_id))
+        queue::Error::Unavailable(format!("cannot serialise dispatch {}: {error}", dispatch.dispatch_id))
     })?;
     let properties = BasicProperties::default()
         .with_content_type("application/json".into())
@@ -278,7 +280,7 @@ async fn write_one(
     match tokio::time::timeout(settings.publish_timeout, publish).await {
         Ok(Ok(confirm)) => Ok(confirm),
         Ok(Err(error)) => Err(broker::unavailable("publishing", &error)),
-        Err(_) => Err(QueueError::Timeout(format!(
+        Err(_) => Err(queue::Error::Timeout(format!(
             "publishing dispatch {} was not written within {:?}",
             dispatch.dispatch_id, settings.publish_timeout
         ))),
@@ -286,10 +288,10 @@ async fn write_one(
 }
 
 /// The error of a message whose own outcome is unknown because of `cause`.
-fn in_doubt_error(cause: &QueueError) -> QueueError {
+fn in_doubt_error(cause: &queue::Error) -> queue::Error {
     match cause {
-        QueueError::Timeout(text) => QueueError::Timeout(format!("outcome unknown, batch incomplete: {text}")),
-        other => QueueError::Unavailable(format!("outcome unknown, batch incomplete: {other}")),
+        queue::Error::Timeout(text) => queue::Error::Timeout(format!("outcome unknown, batch incomplete: {text}")),
+        other => queue::Error::Unavailable(format!("outcome unknown, batch incomplete: {other}")),
     }
 }
 
@@ -358,10 +360,10 @@ mod tests {
             .iter()
             .map(|result| match result {
                 Ok(()) => "ok",
-                Err(QueueError::Unroutable(_)) => "unroutable",
-                Err(QueueError::Nacked(_)) => "nacked",
-                Err(QueueError::Timeout(_)) => "timeout",
-                Err(QueueError::Unavailable(_)) => "unavailable",
+                Err(queue::Error::Unroutable(_)) => "unroutable",
+                Err(queue::Error::Nacked(_)) => "nacked",
+                Err(queue::Error::Timeout(_)) => "timeout",
+                Err(queue::Error::Unavailable(_)) => "unavailable",
                 Err(_) => "other",
             })
             .collect();

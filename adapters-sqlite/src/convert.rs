@@ -4,10 +4,12 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use flowforge_ports::{Clock, RunId};
+use flowforge_ports::{Clock, RunId, Scope, store};
 use serde_json::Value;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{FromRow, Row};
 
-use crate::error::DecodeError;
+use crate::error::{DecodeError, store_error};
 
 /// The longest duration bound into SQL: a century. Larger values would
 /// overflow SQLite's 64-bit arithmetic into REAL, which a STRICT INTEGER
@@ -74,4 +76,25 @@ pub(crate) fn u32_of(column: &'static str, value: i64) -> Result<u32, DecodeErro
 /// A stored count.
 pub(crate) fn u64_of(column: &'static str, value: i64) -> Result<u64, DecodeError> {
     u64::try_from(value).map_err(|_| DecodeError::Number { column, value })
+}
+
+/// The scope filter bound into queries: a JSON array of run keys, NULL for
+/// every run.
+pub(crate) fn scope_key(scope: &Scope) -> Option<String> {
+    scope
+        .run_ids()
+        .map(|runs| Value::from(runs.into_iter().map(run_key).collect::<Vec<_>>()).to_string())
+}
+
+/// Decodes a row by column names, a decoding failure being corrupt data.
+pub(crate) fn decode<'r, T: FromRow<'r, SqliteRow>>(row: &'r SqliteRow) -> Result<T, store::Error> {
+    T::from_row(row).map_err(store_error)
+}
+
+/// One column of a row by position.
+pub(crate) fn col<'r, T>(row: &'r SqliteRow, index: usize) -> Result<T, store::Error>
+where
+    T: sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>,
+{
+    row.try_get(index).map_err(store_error)
 }

@@ -8,12 +8,12 @@
 use std::sync::Arc;
 
 use flowforge_domain::{Defaults, RetrySpec, TaskDocument, WorkflowDefinition, WorkflowDocument};
-use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, StoreError, WorkflowId};
+use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, WorkflowId, store};
 use serde_json::{Map, Value, json};
 
 use crate::convert::time;
+use crate::convert::{col, decode};
 use crate::error::is_unique_violation;
-use crate::runs::{col, decode};
 use crate::store::{Failure, SqliteStore, padded, sql, tagged};
 
 #[derive(Debug, sqlx::FromRow)]
@@ -40,7 +40,7 @@ struct TaskRow {
 }
 
 /// The task rows of `def`, as one JSON array for a `json_each` insert.
-fn task_rows(def: &WorkflowDefinition) -> Result<String, StoreError> {
+fn task_rows(def: &WorkflowDefinition) -> Result<String, store::Error> {
     let rows: Vec<Value> = def
         .tasks()
         .iter()
@@ -65,7 +65,7 @@ fn task_rows(def: &WorkflowDefinition) -> Result<String, StoreError> {
             Value::Object(row)
         })
         .collect();
-    serde_json::to_string(&rows).map_err(|e| StoreError::Other(format!("cannot encode task rows: {e}")))
+    serde_json::to_string(&rows).map_err(|e| store::Error::Other(format!("cannot encode task rows: {e}")))
 }
 
 /// load: the workflow row (tag 0) and its task rows (tag 1) from one read
@@ -151,7 +151,7 @@ fn assemble(w: WorkflowRow, rows: Vec<TaskRow>) -> Result<Published, LoadError> 
     };
     let definition =
         WorkflowDefinition::from_stored(document, &max_attempts, &w.fingerprint).map_err(|e| invalid(e.to_string()))?;
-    let created_at = time("workflow.created_at", w.created_at).map_err(StoreError::from)?;
+    let created_at = time("workflow.created_at", w.created_at).map_err(store::Error::from)?;
     Ok(Published {
         id: WorkflowId(w.id),
         definition: Arc::new(definition),
@@ -170,7 +170,7 @@ impl SqliteStore {
         let w: WorkflowRow = decode(w)?;
         let tasks = tagged(&rows, 1)
             .map(decode::<TaskRow>)
-            .collect::<Result<Vec<_>, StoreError>>()?;
+            .collect::<Result<Vec<_>, store::Error>>()?;
         assemble(w, tasks).map(Some)
     }
 }
@@ -179,7 +179,7 @@ impl DefinitionStore for SqliteStore {
     async fn publish_definition(&self, def: &WorkflowDefinition) -> Result<Published, PublishError> {
         let fingerprint = def.fingerprint();
         let document = serde_json::to_string(&def.document())
-            .map_err(|e| StoreError::Other(format!("cannot encode the definition: {e}")))?;
+            .map_err(|e| store::Error::Other(format!("cannot encode the definition: {e}")))?;
         let tasks = task_rows(def)?;
         let offset = self.inner.offset();
         let called = self
@@ -223,13 +223,13 @@ impl DefinitionStore for SqliteStore {
             // order and creation time), re-validated like any load.
             return match self.load(WorkflowId(id)).await {
                 Ok(Some(published)) => Ok(published),
-                Ok(None) => Err(StoreError::Corrupt(format!("workflow {id} vanished while publishing")).into()),
+                Ok(None) => Err(store::Error::Corrupt(format!("workflow {id} vanished while publishing")).into()),
                 Err(LoadError::Store(e)) => Err(e.into()),
-                Err(e) => Err(StoreError::Corrupt(e.to_string()).into()),
+                Err(e) => Err(store::Error::Corrupt(e.to_string()).into()),
             };
         }
         let Some(row) = tagged(&rows, 1).next() else {
-            return Err(StoreError::Other("publishing inserted no workflow row".into()).into());
+            return Err(store::Error::Other("publishing inserted no workflow row".into()).into());
         };
         let id: i64 = col(row, 1)?;
         let created_at: i64 = col(row, 2)?;
@@ -237,7 +237,7 @@ impl DefinitionStore for SqliteStore {
             id: WorkflowId(id),
             definition: Arc::new(def.clone()),
             fingerprint,
-            created_at: time("workflow.created_at", created_at).map_err(StoreError::from)?,
+            created_at: time("workflow.created_at", created_at).map_err(store::Error::from)?,
             created: true,
         })
     }

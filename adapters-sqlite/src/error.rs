@@ -1,10 +1,10 @@
 //! Translation of SQLite and sqlx failures into the ports' typed errors.
 
-use flowforge_ports::StoreError;
+use flowforge_ports::store;
 use sqlx::error::ErrorKind;
 
 /// A stored value that does not decode into the ports' types: the row was
-/// edited by hand or written by a bug. Reported as [`StoreError::Corrupt`].
+/// edited by hand or written by a bug. Reported as [`store::Error::Corrupt`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
     /// A state, transition or reason column holds an unknown name.
@@ -44,9 +44,9 @@ pub enum DecodeError {
     },
 }
 
-impl From<DecodeError> for StoreError {
+impl From<DecodeError> for store::Error {
     fn from(e: DecodeError) -> Self {
-        StoreError::Corrupt(e.to_string())
+        store::Error::Corrupt(e.to_string())
     }
 }
 
@@ -65,25 +65,25 @@ const SQLITE_NOTADB: i64 = 26;
 /// transient (`Unavailable`), a missing table or column means the schema is
 /// behind (`Migration`), a broken constraint means the data or the caller
 /// broke an invariant (`Corrupt`).
-pub(crate) fn store_error(e: sqlx::Error) -> StoreError {
+pub(crate) fn store_error(e: sqlx::Error) -> store::Error {
     match e {
         sqlx::Error::Database(db) => {
             let code = db.code().and_then(|c| c.parse::<i64>().ok()).unwrap_or(0);
             let message = db.message().to_owned();
             match code & 0xff {
                 SQLITE_BUSY | SQLITE_LOCKED | SQLITE_IOERR | SQLITE_FULL | SQLITE_CANTOPEN | SQLITE_READONLY
-                | SQLITE_NOMEM => return StoreError::Unavailable(message),
-                SQLITE_CORRUPT | SQLITE_NOTADB => return StoreError::Corrupt(message),
+                | SQLITE_NOMEM => return store::Error::Unavailable(message),
+                SQLITE_CORRUPT | SQLITE_NOTADB => return store::Error::Corrupt(message),
                 _ => {}
             }
             if message.starts_with("no such table") || message.starts_with("no such column") {
-                return StoreError::Migration(message);
+                return store::Error::Migration(message);
             }
             if message.contains("outbox.task_type") {
                 // The dispatch of a task run made ready found no task row
                 // (see `task_type_of!`): refuse to commit a ready row that
                 // would never run.
-                return StoreError::Corrupt(format!(
+                return store::Error::Corrupt(format!(
                     "a task run made ready has no task row to dispatch from ({message})"
                 ));
             }
@@ -92,18 +92,18 @@ pub(crate) fn store_error(e: sqlx::Error) -> StoreError {
                 | ErrorKind::ForeignKeyViolation
                 | ErrorKind::NotNullViolation
                 | ErrorKind::CheckViolation
-                | ErrorKind::ExclusionViolation => StoreError::Corrupt(format!("constraint violated: {message}")),
-                _ => StoreError::Other(message),
+                | ErrorKind::ExclusionViolation => store::Error::Corrupt(format!("constraint violated: {message}")),
+                _ => store::Error::Other(message),
             }
         }
-        sqlx::Error::PoolTimedOut => StoreError::Unavailable("timed out waiting for a database connection".into()),
-        sqlx::Error::PoolClosed => StoreError::Unavailable("the database pool is closed".into()),
-        sqlx::Error::WorkerCrashed => StoreError::Unavailable("the SQLite worker thread stopped".into()),
-        sqlx::Error::Io(io) => StoreError::Unavailable(io.to_string()),
-        sqlx::Error::Migrate(m) => StoreError::Migration(m.to_string()),
-        sqlx::Error::ColumnNotFound(c) => StoreError::Migration(format!("column '{c}' is missing")),
-        e @ (sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_)) => StoreError::Corrupt(e.to_string()),
-        other => StoreError::Other(other.to_string()),
+        sqlx::Error::PoolTimedOut => store::Error::Unavailable("timed out waiting for a database connection".into()),
+        sqlx::Error::PoolClosed => store::Error::Unavailable("the database pool is closed".into()),
+        sqlx::Error::WorkerCrashed => store::Error::Unavailable("the SQLite worker thread stopped".into()),
+        sqlx::Error::Io(io) => store::Error::Unavailable(io.to_string()),
+        sqlx::Error::Migrate(m) => store::Error::Migration(m.to_string()),
+        sqlx::Error::ColumnNotFound(c) => store::Error::Migration(format!("column '{c}' is missing")),
+        e @ (sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_)) => store::Error::Corrupt(e.to_string()),
+        other => store::Error::Other(other.to_string()),
     }
 }
 
@@ -113,12 +113,12 @@ pub(crate) fn is_unique_violation(e: &sqlx::Error) -> bool {
 }
 
 /// Maps a migration failure: every cause means the schema cannot be trusted.
-pub(crate) fn migrate_error(e: sqlx::migrate::MigrateError) -> StoreError {
+pub(crate) fn migrate_error(e: sqlx::migrate::MigrateError) -> store::Error {
     match e {
         sqlx::migrate::MigrateError::Execute(inner) => match store_error(inner) {
-            StoreError::Unavailable(m) => StoreError::Unavailable(m),
-            other => StoreError::Migration(other.to_string()),
+            store::Error::Unavailable(m) => store::Error::Unavailable(m),
+            other => store::Error::Migration(other.to_string()),
         },
-        other => StoreError::Migration(other.to_string()),
+        other => store::Error::Migration(other.to_string()),
     }
 }

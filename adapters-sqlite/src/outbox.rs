@@ -13,10 +13,10 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
-use flowforge_ports::{Dispatch, DispatchId, OutboxStore, OutboxSweep, Scope, StoreError, TaskRunId};
+use flowforge_ports::{Dispatch, DispatchId, OutboxStore, OutboxSweep, Scope, TaskRunId, store};
 
 use crate::convert::run_id;
-use crate::runs::{decode, scope_key};
+use crate::convert::{decode, scope_key};
 use crate::store::{Inner, SqliteStore, ids_json, lock, padded, sql};
 
 #[derive(Debug, sqlx::FromRow)]
@@ -70,7 +70,7 @@ pub(crate) const MARK_PUBLISHED: &str = concat!(
 impl OutboxStore for SqliteStore {
     type Sweep = SqliteSweep;
 
-    async fn begin_sweep(&self, scope: Scope, limit: u32) -> Result<Option<SqliteSweep>, StoreError> {
+    async fn begin_sweep(&self, scope: Scope, limit: u32) -> Result<Option<SqliteSweep>, store::Error> {
         let _gate = self.inner.sweep_gate.lock().await;
         let skip: Vec<i64> = lock(&self.inner.held_dispatches).iter().copied().collect();
         let rows = self
@@ -100,7 +100,7 @@ impl OutboxStore for SqliteStore {
                     fencing_token: r.fencing_token,
                 })
             })
-            .collect::<Result<Vec<_>, StoreError>>()?;
+            .collect::<Result<Vec<_>, store::Error>>()?;
         let held: HashSet<i64> = dispatches.iter().map(|d| d.dispatch_id.0).collect();
         lock(&self.inner.held_dispatches).extend(held.iter().copied());
         Ok(Some(SqliteSweep {
@@ -117,14 +117,14 @@ impl OutboxSweep for SqliteSweep {
         &self.dispatches
     }
 
-    async fn mark_published(&mut self, ids: &[DispatchId]) -> Result<(), StoreError> {
+    async fn mark_published(&mut self, ids: &[DispatchId]) -> Result<(), store::Error> {
         // Only rows this sweep holds: another sweep's rows are not ours to mark.
         self.marked
             .extend(ids.iter().map(|d| d.0).filter(|id| self.held.contains(id)));
         Ok(())
     }
 
-    async fn commit(mut self) -> Result<(), StoreError> {
+    async fn commit(mut self) -> Result<(), store::Error> {
         let marked = std::mem::take(&mut self.marked);
         if marked.is_empty() {
             return Ok(());

@@ -28,12 +28,12 @@ use std::sync::Arc;
 
 use flowforge_domain::derive::TaskTally;
 use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, run_machine};
-use flowforge_ports::{Activity, PassRun, PassTask, RunId, RunPass, StoreError, TaskRunId, Topic, WorkflowId};
+use flowforge_ports::{Activity, LockedRun, PassTask, RunId, RunPass, TaskRunId, Topic, WorkflowId, store};
 use sqlx::sqlite::SqliteRow;
 
+use crate::convert::{col, decode};
 use crate::convert::{name, opt_name, run_key, u64_of};
 use crate::error::DecodeError;
-use crate::runs::{col, decode};
 use crate::store::{Conn, Inner, Query, ids_json, lock, padded, sql, tagged};
 
 /// Marks a run as held by an open pass in this process until dropped.
@@ -69,7 +69,7 @@ struct Measured {
 /// An open scheduler pass over one run. Dropping it rolls back.
 pub struct SqlitePass {
     conn: Conn,
-    run: PassRun,
+    run: LockedRun,
     key: String,
     inner: Arc<Inner>,
     flags: Flags,
@@ -435,10 +435,10 @@ const SUCCEEDED_KEYS: &str =
 const COMPENSATOR_STATES: &str =
     "SELECT task_key, state FROM task_run WHERE run_id = ?1 AND compensate_for IS NOT NULL ORDER BY id";
 
-fn measured(rows: &[SqliteRow]) -> Result<Measured, StoreError> {
+fn measured(rows: &[SqliteRow]) -> Result<Measured, store::Error> {
     let r = tagged(rows, MEASURED)
         .next()
-        .ok_or_else(|| StoreError::Other("a scheduler pass call did not measure the run".into()))?;
+        .ok_or_else(|| store::Error::Other("a scheduler pass call did not measure the run".into()))?;
     Ok(Measured {
         activity: Activity {
             any_active: col(r, 1)?,
@@ -449,15 +449,15 @@ fn measured(rows: &[SqliteRow]) -> Result<Measured, StoreError> {
 }
 
 /// The task keys of the rows tagged [`TOUCHED`], in id order.
-fn touched_keys(rows: &[SqliteRow]) -> Result<Vec<String>, StoreError> {
+fn touched_keys(rows: &[SqliteRow]) -> Result<Vec<String>, store::Error> {
     let mut touched = tagged(rows, TOUCHED)
         .map(|r| Ok((col::<i64>(r, 1)?, col::<String>(r, 2)?)))
-        .collect::<Result<Vec<_>, StoreError>>()?;
+        .collect::<Result<Vec<_>, store::Error>>()?;
     touched.sort_by_key(|(id, _)| *id);
     Ok(touched.into_iter().map(|(_, key)| key).collect())
 }
 
-fn flagged_tasks<'a>(rows: impl Iterator<Item = &'a SqliteRow>) -> Result<Vec<PassTask>, StoreError> {
+fn flagged_tasks<'a>(rows: impl Iterator<Item = &'a SqliteRow>) -> Result<Vec<PassTask>, store::Error> {
     let mut by_id: HashMap<i64, PassTask> = HashMap::new();
     for row in rows {
         let task = decode::<Flagged>(row)?.into_task()?;
@@ -469,7 +469,7 @@ fn flagged_tasks<'a>(rows: impl Iterator<Item = &'a SqliteRow>) -> Result<Vec<Pa
 }
 
 impl SqlitePass {
-    pub(crate) async fn begin(inner: Arc<Inner>, run: RunId) -> Result<Option<Self>, StoreError> {
+    pub(crate) async fn begin(inner: Arc<Inner>, run: RunId) -> Result<Option<Self>, store::Error> {
         if !lock(&inner.held_runs).insert(run) {
             return Ok(None);
         }
@@ -502,7 +502,7 @@ impl SqlitePass {
         let measured = measured(&rows)?;
         Ok(Some(Self {
             conn,
-            run: PassRun {
+            run: LockedRun {
                 id: run,
                 workflow_id: WorkflowId(workflow_id),
                 state,
@@ -521,9 +521,9 @@ impl SqlitePass {
     }
 
     /// Refuses every step once a call failed.
-    fn usable(&self) -> Result<(), StoreError> {
+    fn usable(&self) -> Result<(), store::Error> {
         if self.failed {
-            return Err(StoreError::Other(
+            return Err(store::Error::Other(
                 "this scheduler pass failed earlier and was rolled back".into(),
             ));
         }
@@ -532,7 +532,7 @@ impl SqlitePass {
 
     /// Runs one call inside the transaction; a failure has rolled it back
     /// and ends the pass, as an error ends a transaction on PostgreSQL.
-    async fn call(&mut self, q: Query) -> Result<Vec<SqliteRow>, StoreError> {
+    async fn call(&mut self, q: Query) -> Result<Vec<SqliteRow>, store::Error> {
         self.usable()?;
         match self.conn.open_call(q).await {
             Ok(rows) => Ok(rows),
@@ -544,7 +544,7 @@ impl SqlitePass {
     }
 
     /// Runs a call that changes task runs and ends by measuring the run.
-    async fn change(&mut self, q: Query) -> Result<Vec<SqliteRow>, StoreError> {
+    async fn change(&mut self, q: Query) -> Result<Vec<SqliteRow>, store::Error> {
         self.changed = true;
         let rows = self.call(padded(q)).await?;
         self.measured = measured(&rows)?;
@@ -558,11 +558,11 @@ impl SqlitePass {
 }
 
 impl RunPass for SqlitePass {
-    fn run(&self) -> &PassRun {
+    fn run(&self) -> &LockedRun {
         &self.run
     }
 
-    async fn take_flagged(&mut self) -> Result<Vec<PassTask>, StoreError> {
+    async fn take_flagged(&mut self) -> Result<Vec<PassTask>, store::Error> {
         match std::mem::replace(&mut self.flags, Flags::Taken) {
             // Read and cleared by begin_pass's statement, and nothing has
             // changed since: a change committed after it sets the flag
@@ -582,7 +582,7 @@ impl RunPass for SqlitePass {
         }
     }
 
-    async fn satisfy_dependencies(&mut self, done: &[(String, u32)]) -> Result<Vec<String>, StoreError> {
+    async fn satisfy_dependencies(&mut self, done: &[(String, u32)]) -> Result<Vec<String>, store::Error> {
         // Summed per key first: UPDATE … FROM applies one joined row per
         // target row, so duplicates would otherwise be lost.
         let mut totals: HashMap<&str, i64> = HashMap::new();
@@ -593,14 +593,14 @@ impl RunPass for SqlitePass {
             .iter()
             .map(|(k, n)| serde_json::json!({ "k": k, "n": n }))
             .collect();
-        let batch = serde_json::to_string(&batch).map_err(|e| StoreError::Other(e.to_string()))?;
+        let batch = serde_json::to_string(&batch).map_err(|e| store::Error::Other(e.to_string()))?;
         let rows = self.change(self.query(SATISFY).bind(batch)).await?;
         let keys = touched_keys(&rows)?;
         self.wrote_outbox |= !keys.is_empty();
         Ok(keys)
     }
 
-    async fn promote_due_retries(&mut self) -> Result<Vec<String>, StoreError> {
+    async fn promote_due_retries(&mut self) -> Result<Vec<String>, store::Error> {
         if !self.measured.any_retrying {
             // No row of the run is retrying, and only this pass can write
             // until it ends: the UPDATE would match nothing.
@@ -612,28 +612,28 @@ impl RunPass for SqlitePass {
         Ok(keys)
     }
 
-    async fn cancel_pending(&mut self, keys: &[String], reason: CancelReason) -> Result<Vec<String>, StoreError> {
+    async fn cancel_pending(&mut self, keys: &[String], reason: CancelReason) -> Result<Vec<String>, store::Error> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let wanted = serde_json::to_string(keys).map_err(|e| StoreError::Other(e.to_string()))?;
+        let wanted = serde_json::to_string(keys).map_err(|e| store::Error::Other(e.to_string()))?;
         let rows = self
             .change(self.query(CANCEL_PENDING).bind(wanted).bind(reason.as_str()))
             .await?;
         touched_keys(&rows)
     }
 
-    async fn cancel_waiting(&mut self) -> Result<Vec<String>, StoreError> {
+    async fn cancel_waiting(&mut self) -> Result<Vec<String>, store::Error> {
         let rows = self.change(self.query(CANCEL_WAITING_CALL)).await?;
         touched_keys(&rows)
     }
 
-    async fn activity(&mut self) -> Result<Activity, StoreError> {
+    async fn activity(&mut self) -> Result<Activity, store::Error> {
         self.usable()?;
         Ok(self.measured.activity)
     }
 
-    async fn tally(&mut self) -> Result<TaskTally, StoreError> {
+    async fn tally(&mut self) -> Result<TaskTally, store::Error> {
         let rows = self.call(sql(TALLY).bind(self.key.clone())).await?;
         let mut tally = TaskTally::default();
         for row in &rows {
@@ -648,12 +648,12 @@ impl RunPass for SqlitePass {
         Ok(tally)
     }
 
-    async fn succeeded_keys(&mut self) -> Result<BTreeSet<String>, StoreError> {
+    async fn succeeded_keys(&mut self) -> Result<BTreeSet<String>, store::Error> {
         let rows = self.call(sql(SUCCEEDED_KEYS).bind(self.key.clone())).await?;
         rows.iter().map(|r| col::<String>(r, 0)).collect()
     }
 
-    async fn compensator_states(&mut self) -> Result<Vec<(String, TaskRunState)>, StoreError> {
+    async fn compensator_states(&mut self) -> Result<Vec<(String, TaskRunState)>, store::Error> {
         let rows = self.call(sql(COMPENSATOR_STATES).bind(self.key.clone())).await?;
         rows.iter()
             .map(|r| {
@@ -663,7 +663,7 @@ impl RunPass for SqlitePass {
             .collect()
     }
 
-    async fn create_compensator(&mut self, key: &str, compensate_for: &str) -> Result<bool, StoreError> {
+    async fn create_compensator(&mut self, key: &str, compensate_for: &str) -> Result<bool, store::Error> {
         let q = self
             .query(CREATE_COMPENSATOR)
             .bind(self.run.workflow_id.0)
@@ -676,7 +676,7 @@ impl RunPass for SqlitePass {
         };
         if declared.as_deref() != Some(compensate_for) {
             // The call created nothing: its INSERT requires the declaration.
-            return Err(StoreError::Other(format!(
+            return Err(store::Error::Other(format!(
                 "workflow {} declares no compensation task '{key}' for '{compensate_for}'",
                 self.run.workflow_id
             )));
@@ -686,12 +686,12 @@ impl RunPass for SqlitePass {
         Ok(created)
     }
 
-    async fn transition_run(&mut self, edge: RunTransition) -> Result<bool, StoreError> {
+    async fn transition_run(&mut self, edge: RunTransition) -> Result<bool, store::Error> {
         let Some(t) = run_machine().get(edge).copied() else {
-            return Err(StoreError::Other(format!("'{edge}' is not a WorkflowRun transition")));
+            return Err(store::Error::Other(format!("'{edge}' is not a WorkflowRun transition")));
         };
         if t.source != self.run.state {
-            return Err(StoreError::Other(format!(
+            return Err(store::Error::Other(format!(
                 "illegal workflow run transition '{edge}' from {}: it leaves {}",
                 self.run.state, t.source
             )));
@@ -715,9 +715,9 @@ impl RunPass for SqlitePass {
         Ok(true)
     }
 
-    async fn commit(mut self) -> Result<(), StoreError> {
+    async fn commit(mut self) -> Result<(), store::Error> {
         if self.failed {
-            return Err(StoreError::Other(
+            return Err(store::Error::Other(
                 "this scheduler pass failed earlier and was rolled back".into(),
             ));
         }

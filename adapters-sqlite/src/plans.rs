@@ -30,11 +30,15 @@ async fn hot_statements_use_their_indexes() {
         .await
         .expect("connect");
     let cases: [(&str, &'static str, &[&str]); 11] = [
-        ("claim", crate::runs::CLAIM, &["INTEGER PRIMARY KEY"]),
-        ("reaper", crate::runs::EXPIRED_LEASES, &["taskrun_lease_expiry_idx"]),
+        ("claim", crate::runs::sql::CLAIM, &["INTEGER PRIMARY KEY"]),
+        (
+            "reaper",
+            crate::runs::sql::EXPIRED_LEASES,
+            &["taskrun_lease_expiry_idx"],
+        ),
         (
             "runs_with_work",
-            crate::runs::RUNS_WITH_WORK,
+            crate::runs::sql::RUNS_WITH_WORK,
             // Runs are looked up by primary key from the candidates the
             // partial indexes give, so terminal runs are never walked and
             // PostgreSQL's workflowrun_active_idx has no query to serve here.
@@ -47,7 +51,7 @@ async fn hot_statements_use_their_indexes() {
         ),
         (
             "next_deadline",
-            crate::runs::NEXT_DEADLINE,
+            crate::runs::sql::NEXT_DEADLINE,
             &["taskrun_retry_due_idx", "taskrun_lease_expiry_idx"],
         ),
         ("take_flagged", crate::pass::TAKE_FLAGGED, &["taskrun_needs_pass_idx"]),

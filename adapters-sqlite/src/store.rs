@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use flowforge_ports::{Clock, RunId, StoreError};
+use flowforge_ports::{Clock, RunId, store};
 use sqlx::sqlite::{SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqliteRow, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Sqlite, SqliteConnection};
 use tokio::sync::{OwnedMutexGuard, mpsc};
@@ -152,9 +152,9 @@ impl SqliteStore {
     /// `sqlite::memory:`; an in-memory database lives on one shared
     /// connection, so every clone of the store sees the same data (and a
     /// read waits while a scheduler pass holds that connection).
-    pub async fn connect(url: &str, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+    pub async fn connect(url: &str, clock: Arc<dyn Clock>) -> Result<Self, store::Error> {
         let options = SqliteConnectOptions::from_str(url)
-            .map_err(|e| StoreError::Other(format!("invalid SQLite URL '{url}': {e}")))?
+            .map_err(|e| store::Error::Other(format!("invalid SQLite URL '{url}': {e}")))?
             .foreign_keys(true)
             .busy_timeout(BUSY_TIMEOUT);
         let (writer, readers, checkpointer) = if is_memory(url) {
@@ -186,8 +186,9 @@ impl SqliteStore {
             if let Some(parent) = options.get_filename().parent()
                 && !parent.as_os_str().is_empty()
             {
-                std::fs::create_dir_all(parent)
-                    .map_err(|e| StoreError::Unavailable(format!("cannot create folder {}: {e}", parent.display())))?;
+                std::fs::create_dir_all(parent).map_err(|e| {
+                    store::Error::Unavailable(format!("cannot create folder {}: {e}", parent.display()))
+                })?;
             }
             // A checkpoint run by a COMMIT copies up to a thousand pages and
             // fsyncs twice: milliseconds on a small VM's disk, on the path
@@ -252,7 +253,7 @@ impl SqliteStore {
     }
 
     /// Applies the embedded migrations (idempotent; `connect` already did).
-    pub async fn migrate(&self) -> Result<(), StoreError> {
+    pub async fn migrate(&self) -> Result<(), store::Error> {
         let mut conn = self.inner.write().await?;
         let result = sqlx::migrate!("./migrations")
             .run_direct(None, conn.raw()?, false)
@@ -285,7 +286,7 @@ impl Inner {
     }
 
     /// The writer connection, exclusively, until the guard is dropped.
-    pub(crate) async fn write(&self) -> Result<Conn, StoreError> {
+    pub(crate) async fn write(&self) -> Result<Conn, store::Error> {
         let conn = Conn::acquire(&self.writer).await?;
         if let Some(checkpoints) = &self.checkpoints
             && self.writes.fetch_add(1, Ordering::Relaxed) % CHECKPOINT_EVERY == CHECKPOINT_EVERY - 1
@@ -299,7 +300,7 @@ impl Inner {
     /// A reader connection: the first free one, so a connection is opened
     /// only when that many reads overlap; when all are busy, a wait on one
     /// of them in turn.
-    pub(crate) async fn read(&self) -> Result<Conn, StoreError> {
+    pub(crate) async fn read(&self) -> Result<Conn, store::Error> {
         for slot in &self.readers {
             if let Ok(guard) = slot.state.clone().try_lock_owned() {
                 return Conn::ready(slot, guard).await;
@@ -388,11 +389,11 @@ impl fmt::Debug for Conn {
 #[derive(Debug)]
 pub(crate) enum Failure {
     Sqlx(sqlx::Error),
-    Store(StoreError),
+    Store(store::Error),
 }
 
 impl Failure {
-    pub(crate) fn into_store(self) -> StoreError {
+    pub(crate) fn into_store(self) -> store::Error {
         match self {
             Self::Sqlx(e) => store_error(e),
             Self::Store(e) => e,
@@ -400,23 +401,23 @@ impl Failure {
     }
 }
 
-fn closed() -> StoreError {
-    StoreError::Unavailable("the database pool is closed".into())
+fn closed() -> store::Error {
+    store::Error::Unavailable("the database pool is closed".into())
 }
 
 impl Conn {
-    async fn acquire(slot: &Slot) -> Result<Self, StoreError> {
+    async fn acquire(slot: &Slot) -> Result<Self, store::Error> {
         let guard = match slot.state.clone().try_lock_owned() {
             Ok(guard) => guard,
             Err(_) => tokio::time::timeout(ACQUIRE_TIMEOUT, slot.state.clone().lock_owned())
                 .await
-                .map_err(|_| StoreError::Unavailable("timed out waiting for a database connection".into()))?,
+                .map_err(|_| store::Error::Unavailable("timed out waiting for a database connection".into()))?,
         };
         Self::ready(slot, guard).await
     }
 
     /// Opens a lazy connection and finishes what a previous user left.
-    async fn ready(slot: &Slot, guard: OwnedMutexGuard<SlotState>) -> Result<Self, StoreError> {
+    async fn ready(slot: &Slot, guard: OwnedMutexGuard<SlotState>) -> Result<Self, store::Error> {
         let mut conn = Self { guard: Some(guard) };
         let state = conn.state();
         if state.closed {
@@ -440,7 +441,7 @@ impl Conn {
     }
 
     /// The connection itself, for sqlx APIs that take one (migrations).
-    pub(crate) fn raw(&mut self) -> Result<&mut SqliteConnection, StoreError> {
+    pub(crate) fn raw(&mut self) -> Result<&mut SqliteConnection, store::Error> {
         self.state().conn.as_mut().ok_or_else(closed)
     }
 
@@ -448,7 +449,7 @@ impl Conn {
     /// read, or a write from `BEGIN IMMEDIATE` to `COMMIT`) and returns the
     /// rows of all its statements, in order. On failure it rolls back at
     /// once, so the file's write lock is not held until the next user.
-    pub(crate) async fn call(&mut self, q: Query) -> Result<Vec<SqliteRow>, StoreError> {
+    pub(crate) async fn call(&mut self, q: Query) -> Result<Vec<SqliteRow>, store::Error> {
         self.call_sqlx(q).await.map_err(Failure::into_store)
     }
 
@@ -462,7 +463,7 @@ impl Conn {
     /// Runs a call that leaves its transaction open (a pass's statements):
     /// the slot stays marked until [`Conn::call`] or [`Conn::rollback`]
     /// ends it. On failure it rolls back at once.
-    pub(crate) async fn open_call(&mut self, q: Query) -> Result<Vec<SqliteRow>, StoreError> {
+    pub(crate) async fn open_call(&mut self, q: Query) -> Result<Vec<SqliteRow>, store::Error> {
         self.open_call_sqlx(q).await.map_err(Failure::into_store)
     }
 
@@ -484,12 +485,12 @@ impl Conn {
     }
 
     /// Ends whatever transaction the connection is in, if any.
-    pub(crate) async fn rollback(&mut self) -> Result<(), StoreError> {
+    pub(crate) async fn rollback(&mut self) -> Result<(), store::Error> {
         rollback(self.state()).await
     }
 }
 
-async fn rollback(state: &mut SlotState) -> Result<(), StoreError> {
+async fn rollback(state: &mut SlotState) -> Result<(), store::Error> {
     let Some(conn) = state.conn.as_mut() else {
         // No connection: nothing can be open.
         state.needs_rollback = false;

@@ -4,11 +4,11 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use flowforge_ports::{StoreError, WorkerId, WorkerInfo, WorkerRegistration, WorkerRegistry};
+use flowforge_ports::{WorkerId, WorkerInfo, WorkerRegistration, WorkerRegistry, store};
 
+use crate::convert::{col, decode};
 use crate::convert::{duration_ms, json, opt_time, time, u32_of};
 use crate::error::DecodeError;
-use crate::runs::{col, decode};
 use crate::store::{SqliteStore, padded, sql};
 
 /// register_worker in one call: a re-registration refreshes everything but
@@ -74,9 +74,9 @@ impl WorkerRow {
 }
 
 impl WorkerRegistry for SqliteStore {
-    async fn register_worker(&self, worker: &WorkerRegistration) -> Result<(), StoreError> {
+    async fn register_worker(&self, worker: &WorkerRegistration) -> Result<(), store::Error> {
         let types: BTreeSet<&str> = worker.task_types.iter().map(String::as_str).collect();
-        let types = serde_json::to_string(&types).map_err(|e| StoreError::Other(e.to_string()))?;
+        let types = serde_json::to_string(&types).map_err(|e| store::Error::Other(e.to_string()))?;
         let offset = self.inner.offset();
         self.inner
             .write()
@@ -94,7 +94,7 @@ impl WorkerRegistry for SqliteStore {
         Ok(())
     }
 
-    async fn touch_worker(&self, id: &WorkerId) -> Result<(), StoreError> {
+    async fn touch_worker(&self, id: &WorkerId) -> Result<(), store::Error> {
         let offset = self.inner.offset();
         self.inner
             .write()
@@ -104,7 +104,7 @@ impl WorkerRegistry for SqliteStore {
         Ok(())
     }
 
-    async fn deregister_worker(&self, id: &WorkerId) -> Result<(), StoreError> {
+    async fn deregister_worker(&self, id: &WorkerId) -> Result<(), store::Error> {
         let offset = self.inner.offset();
         self.inner
             .write()
@@ -114,7 +114,7 @@ impl WorkerRegistry for SqliteStore {
         Ok(())
     }
 
-    async fn list_workers(&self) -> Result<Vec<WorkerInfo>, StoreError> {
+    async fn list_workers(&self) -> Result<Vec<WorkerInfo>, store::Error> {
         let rows = self
             .inner
             .read()
@@ -127,7 +127,7 @@ impl WorkerRegistry for SqliteStore {
         rows.iter().map(|r| Ok(decode::<WorkerRow>(r)?.into_info()?)).collect()
     }
 
-    async fn live_task_types(&self, within: Duration) -> Result<BTreeSet<String>, StoreError> {
+    async fn live_task_types(&self, within: Duration) -> Result<BTreeSet<String>, store::Error> {
         let rows = self
             .inner
             .read()

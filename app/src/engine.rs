@@ -3,15 +3,14 @@
 //! Embedded mode is this engine over SQLite and the in-process queue; the
 //! same code drives PostgreSQL.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flowforge_domain::{RunState, WorkflowDefinition};
 use flowforge_ports::store::{CancelOutcome, Published};
-use flowforge_ports::{
-    DispatchPublisher, DispatchQueue, Observer, RunEvent, RunId, RunSet, Scope, Store, WorkerId, WorkflowId,
-};
+use flowforge_ports::{DispatchPublisher, DispatchQueue, Observer, RunId, RunSet, Scope, Store, WorkerId, WorkflowId};
 use serde_json::Value;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
@@ -21,32 +20,11 @@ use crate::cache::DefinitionCache;
 use crate::error::Error;
 use crate::observers::Observers;
 use crate::publisher::{OutboxPublisher, PublisherConfig};
-use crate::registry::HandlerRegistry;
+use crate::registry::{HandlerRegistry, panic_message};
 use crate::report::RunReport;
 use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::service::{Service, TaskTypes};
 use crate::worker::{Worker, WorkerConfig};
-
-/// Checks that every task type of `def` (compensators included) is in
-/// `known`, naming the unknown ones.
-pub fn check_task_types(def: &WorkflowDefinition, known: &BTreeSet<String>) -> Result<(), Error> {
-    let unknown: BTreeSet<String> = def
-        .tasks()
-        .iter()
-        .map(|t| t.task_type())
-        .filter(|t| !known.contains(*t))
-        .map(str::to_owned)
-        .collect();
-    if unknown.is_empty() {
-        return Ok(());
-    }
-    Err(Error::UnknownTaskTypes {
-        types: unknown.into_iter().collect(),
-        known_hint: format!(
-            "known types are {}",
-            known.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
-        ),
-    })
-}
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -75,29 +53,13 @@ impl Default for EngineConfig {
     }
 }
 
-/// Wakes the callers waiting for runs to settle.
-#[derive(Default)]
-struct Waiters(Mutex<HashMap<RunId, Vec<tokio::sync::oneshot::Sender<RunState>>>>);
-
-impl Waiters {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Vec<tokio::sync::oneshot::Sender<RunState>>>> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-impl Observer for Waiters {
-    fn on_workflow_done(&self, event: &RunEvent) {
-        for tx in self.lock().remove(&event.run_id).unwrap_or_default() {
-            let _ = tx.send(event.state);
-        }
-    }
-}
-
 /// The loops serving one scope; stop them with [`Serving::stop`].
 #[derive(Debug)]
 pub struct Serving {
     shutdown: CancellationToken,
     tasks: JoinSet<Result<(), Error>>,
+    // Which loop each task is, so a panic names the loop that panicked.
+    names: HashMap<tokio::task::Id, &'static str>,
 }
 
 impl Serving {
@@ -107,7 +69,7 @@ impl Serving {
         self.shutdown.cancel();
         let mut result = Ok(());
         while let Some(joined) = self.tasks.join_next().await {
-            if let Ok(Err(e)) = joined
+            if let Err(e) = self.outcome(joined)
                 && result.is_ok()
             {
                 result = Err(e);
@@ -119,11 +81,31 @@ impl Serving {
     /// Resolves when a loop ends on its own (an unrecoverable error).
     pub async fn failed(&mut self) -> Result<(), Error> {
         match self.tasks.join_next().await {
-            Some(Ok(result)) => result,
-            Some(Err(e)) => Err(Error::Store(flowforge_ports::StoreError::Other(format!(
-                "a loop panicked: {e}"
-            )))),
+            Some(joined) => self.outcome(joined).and(Err(Error::LoopStopped)),
             None => std::future::pending().await,
+        }
+    }
+
+    fn spawn<F>(&mut self, name: &'static str, run: F)
+    where
+        F: Future<Output = Result<(), Error>> + Send + 'static,
+    {
+        let handle = self.tasks.spawn(run);
+        self.names.insert(handle.id(), name);
+    }
+
+    /// What a loop's end means: its own error, or its panic named.
+    fn outcome(&self, joined: Result<Result<(), Error>, tokio::task::JoinError>) -> Result<(), Error> {
+        match joined {
+            Ok(result) => result,
+            Err(e) => Err(Error::LoopPanicked {
+                what: self.names.get(&e.id()).copied().unwrap_or("loop"),
+                message: if e.is_panic() {
+                    panic_message(e.into_panic().as_ref())
+                } else {
+                    "it was aborted".to_owned()
+                },
+            }),
         }
     }
 }
@@ -173,9 +155,14 @@ impl Driving {
     async fn stopped(self) -> Result<(), Error> {
         match self.done.await {
             Ok(result) => result,
-            Err(e) => Err(Error::Store(flowforge_ports::StoreError::Other(format!(
-                "the engine's loops panicked: {e}"
-            )))),
+            Err(e) => Err(Error::LoopPanicked {
+                what: "loop supervisor",
+                message: if e.is_panic() {
+                    panic_message(e.into_panic().as_ref())
+                } else {
+                    "it was aborted".to_owned()
+                },
+            }),
         }
     }
 }
@@ -197,20 +184,14 @@ impl Drop for Leave<'_> {
     }
 }
 
-fn loops_stopped() -> Error {
-    Error::Store(flowforge_ports::StoreError::Other(
-        "the engine's loops stopped unexpectedly".into(),
-    ))
-}
-
 /// A FlowForge engine over a store `S` and a queue `Q`.
 pub struct Engine<S: Store, Q> {
+    service: Service<S>,
     store: S,
     queue: Q,
     defs: Arc<DefinitionCache<S>>,
     registry: Arc<HandlerRegistry>,
     observers: Observers,
-    waiters: Arc<Waiters>,
     worker: Arc<Worker<S, Q>>,
     driver: Driver,
     config: EngineConfig,
@@ -239,12 +220,10 @@ where
         config: EngineConfig,
     ) -> Self {
         let defs = Arc::new(DefinitionCache::new(store.clone()));
-        let waiters = Arc::new(Waiters::default());
         let mut set = Observers::default();
         for o in observers {
             set.push(o);
         }
-        set.push(waiters.clone());
         let registry = Arc::new(registry);
         let mut worker_config = WorkerConfig::new(config.worker_id.clone(), config.concurrency);
         worker_config.lease = config.lease;
@@ -259,12 +238,12 @@ where
             worker_config,
         ));
         Self {
+            service: Service::with_cache(store.clone(), Arc::clone(&defs)),
             store,
             queue,
             defs,
             registry,
             observers: set,
-            waiters,
             worker,
             driver: Driver::default(),
             config,
@@ -276,30 +255,33 @@ where
         &self.store
     }
 
+    /// The use cases over this engine's store (wait, report, list, close
+    /// and the rest), sharing its definition cache.
+    pub fn service(&self) -> &Service<S> {
+        &self.service
+    }
+
     /// The handler registry.
     pub fn registry(&self) -> &HandlerRegistry {
         &self.registry
     }
 
-    /// Publishes a definition whose task types all have handlers here.
-    /// Idempotent by content; a different definition under a published
-    /// (name, version) is a conflict.
+    /// Publishes a definition whose task types all have handlers here
+    /// ([`Service::publish`] with the registered types).
     pub async fn publish(&self, def: &WorkflowDefinition) -> Result<Published, Error> {
-        let known: BTreeSet<String> = self.registry.task_types().map(str::to_owned).collect();
-        check_task_types(def, &known)?;
-        let published = self.store.publish_definition(def).await?;
-        self.defs.insert(published.clone());
-        Ok(published)
+        let known = TaskTypes::Registered(self.registry.task_types().map(str::to_owned).collect());
+        self.service.publish(def, &known).await
     }
 
-    /// Starts a run of a published definition.
+    /// Starts a run of a published definition ([`Service::start`]).
     pub async fn start(&self, workflow: WorkflowId, input: Value) -> Result<RunId, Error> {
-        Ok(self.store.start_run(workflow, input).await?)
+        self.service.start(workflow, input).await
     }
 
-    /// Requests cancellation of `run` and stops its handlers running here.
+    /// Requests cancellation of `run` ([`Service::cancel`]) and stops its
+    /// handlers running here at once.
     pub async fn cancel(&self, run: RunId) -> Result<CancelOutcome, Error> {
-        let outcome = self.store.request_cancel(run).await?.ok_or(Error::RunNotFound(run))?;
+        let outcome = self.service.cancel(run).await?;
         self.worker.cancel_run_locally(run);
         Ok(outcome)
     }
@@ -364,40 +346,30 @@ where
         publisher_nudge: Option<Arc<Notify>>,
     ) -> Serving {
         let shutdown = CancellationToken::new();
-        let mut tasks = JoinSet::new();
+        let mut serving = Serving {
+            shutdown: shutdown.clone(),
+            tasks: JoinSet::new(),
+            names: HashMap::new(),
+        };
         let scheduler = self.scheduler_nudged(scope.clone(), scheduler_nudge);
         let token = shutdown.clone();
-        tasks.spawn(async move { scheduler.run(token).await });
+        serving.spawn("scheduler", async move { scheduler.run(token).await });
         let publisher = self.publisher_nudged(scope, publisher_nudge);
         let token = shutdown.clone();
-        tasks.spawn(async move { publisher.run(token).await });
+        serving.spawn("outbox publisher", async move { publisher.run(token).await });
         let worker = Arc::clone(&self.worker);
-        let token = shutdown.clone();
-        tasks.spawn(async move { worker.run(token).await });
-        Serving { shutdown, tasks }
+        serving.spawn("worker", async move { worker.run(shutdown).await });
+        serving
     }
 
-    /// Waits until `run` is in a terminal state (served by some loop).
+    /// Waits until `run` is in a terminal state ([`Service::wait`]).
     pub async fn wait(&self, run: RunId) -> Result<RunState, Error> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.waiters.lock().entry(run).or_default().push(tx);
-        // Registered first, then checked: a run that settled in between is
-        // seen by the check, one that settles later wakes the channel.
-        let detail = self.store.get_run(run).await?.ok_or(Error::RunNotFound(run))?;
-        let state = detail.summary.state;
-        if matches!(state, RunState::Succeeded | RunState::Failed | RunState::Cancelled) {
-            self.waiters.lock().remove(&run);
-            return Ok(state);
-        }
-        rx.await
-            .map_err(|_| Error::Store(flowforge_ports::StoreError::Other("the engine stopped".into())))
+        self.service.wait(run).await
     }
 
-    /// The report of `run`.
+    /// The report of `run` ([`Service::report`]).
     pub async fn report(&self, run: RunId) -> Result<RunReport, Error> {
-        let detail = self.store.get_run(run).await?.ok_or(Error::RunNotFound(run))?;
-        let published = self.defs.get(detail.summary.workflow_id).await?;
-        Ok(RunReport::new(&detail, &published.definition))
+        self.service.report(run).await
     }
 
     /// Publishes `def`, runs it with `input` to the end in this process, and
@@ -416,7 +388,7 @@ where
         let settled = tokio::select! {
             settled = self.wait(run) => settled,
             failed = failed.wait_for(Option::is_some) => {
-                Err(failed.ok().and_then(|e| e.clone()).unwrap_or_else(loops_stopped))
+                Err(failed.ok().and_then(|e| e.clone()).unwrap_or(Error::LoopStopped))
             }
         };
         leave.armed = false;
@@ -453,7 +425,7 @@ where
             tokio::select! {
                 () = stopping.cancelled() => {}
                 ended = serving.failed() => {
-                    let _ = report.send(Some(ended.err().unwrap_or_else(loops_stopped)));
+                    let _ = report.send(Some(ended.err().unwrap_or(Error::LoopStopped)));
                 }
             }
             serving.stop().await

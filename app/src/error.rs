@@ -1,13 +1,13 @@
 //! The application's error type: what a use case or loop can fail with.
 
-use flowforge_ports::{LoadError, PublishError, QueueError, RunId, StoreError};
+use flowforge_ports::{LoadError, PublishError, RunId, queue, store};
 
 /// Why a use case failed.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// The store failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(#[from] store::Error),
     /// A definition could not be loaded.
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -16,7 +16,7 @@ pub enum Error {
     Publish(#[from] PublishError),
     /// The queue failed.
     #[error(transparent)]
-    Queue(#[from] QueueError),
+    Queue(#[from] queue::Error),
     /// The definition uses task types nothing here can run.
     #[error("unknown task type(s) {}: {}", .types.join(", "), .known_hint)]
     UnknownTaskTypes {
@@ -31,14 +31,27 @@ pub enum Error {
     /// A task's timeout is above what the queue can honour.
     #[error("{0}")]
     TimeoutTooLong(String),
+    /// One of the engine's loops panicked: a bug in FlowForge or in code
+    /// it calls, not a store or queue failure.
+    #[error("the engine's {what} panicked: {message}")]
+    LoopPanicked {
+        /// Which loop.
+        what: &'static str,
+        /// The panic's message.
+        message: String,
+    },
+    /// The engine's loops ended without an error while a run still needed
+    /// them.
+    #[error("the engine's loops stopped before the run ended")]
+    LoopStopped,
 }
 
 impl Error {
-    /// Whether the failure is the infrastructure's (exit code 4) rather than
-    /// the input's (exit code 2).
+    /// Whether the failure is the infrastructure's or the engine's own
+    /// (exit code 4) rather than the input's (exit code 2).
     pub fn is_infrastructure(&self) -> bool {
         match self {
-            Self::Store(_) | Self::Queue(_) => true,
+            Self::Store(_) | Self::Queue(_) | Self::LoopPanicked { .. } | Self::LoopStopped => true,
             Self::Load(e) => !matches!(e, LoadError::NotFound(_)),
             Self::Publish(e) => matches!(e, PublishError::Store(_)),
             Self::UnknownTaskTypes { .. } | Self::RunNotFound(_) | Self::TimeoutTooLong(_) => false,

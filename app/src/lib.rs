@@ -16,15 +16,17 @@ pub mod publisher;
 pub mod registry;
 pub mod report;
 pub mod scheduler;
+pub mod service;
 pub mod worker;
 
 use std::time::Duration;
 
 pub use builtins::{BUILTIN_TYPES, BuiltinOptions, register_builtins};
-pub use engine::{Engine, EngineConfig, Serving, check_task_types};
+pub use engine::{Engine, EngineConfig, Serving};
 pub use error::Error;
 pub use registry::{HandlerRegistry, to_output};
 pub use report::RunReport;
+pub use service::{Closed, Service, TaskTypes, check_task_types};
 
 /// The wait before retry number `failures` of a loop talking to a store
 /// or a broker: exponential from 100 ms, full jitter, capped at 30 s.

@@ -1,32 +1,15 @@
-//! Helpers for the distributed processes: a worker that registers itself
-//! (DESIGN §5), publishing against the task types live workers serve, and
-//! waiting for a run driven by other processes.
+//! A worker process that registers itself (DESIGN §5), so publishing in
+//! the distributed mode can check the task types live workers serve.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flowforge_domain::{RunState, WorkflowDefinition};
-use flowforge_ports::store::{Notifier, Published, Topic, WorkerRegistration};
-use flowforge_ports::{DispatchQueue, RunId, Store};
+use flowforge_ports::store::WorkerRegistration;
+use flowforge_ports::{DispatchQueue, Store};
 use tokio_util::sync::CancellationToken;
 
-use crate::builtins::BUILTIN_TYPES;
-use crate::engine::check_task_types;
 use crate::error::Error;
 use crate::worker::Worker;
-
-/// How recently a worker must have been seen to count as live.
-pub const LIVE_WORKER_WINDOW: Duration = Duration::from_secs(90);
-
-/// Publishes `def` if every task type is built in or served by a live
-/// worker (distributed mode, DESIGN §2).
-pub async fn publish_checked<S: Store>(store: &S, def: &WorkflowDefinition) -> Result<Published, Error> {
-    let mut known: BTreeSet<String> = BUILTIN_TYPES.iter().map(|t| (*t).to_owned()).collect();
-    known.extend(store.live_task_types(LIVE_WORKER_WINDOW).await?);
-    check_task_types(def, &known)?;
-    Ok(store.publish_definition(def).await?)
-}
 
 /// Runs `worker` registered in the store: registers it, refreshes its
 /// last-seen time every `every`, and marks it stopped when it ends.
@@ -61,22 +44,4 @@ pub async fn run_registered<S: Store, Q: DispatchQueue>(
         tracing::warn!(error = %e, "could not mark the worker stopped");
     }
     result
-}
-
-/// Waits until `run` is terminal, driven by whichever processes serve it:
-/// woken by the store's run-settled notifications, re-checking at least
-/// every `recheck` (a notification can be missed across a reconnect).
-pub async fn wait_for_run<S: Store>(store: &S, run: RunId, recheck: Duration) -> Result<RunState, Error> {
-    let notifier = store.notifier().await?;
-    loop {
-        let detail = store.get_run(run).await?.ok_or(Error::RunNotFound(run))?;
-        let state = detail.summary.state;
-        if matches!(state, RunState::Succeeded | RunState::Failed | RunState::Cancelled) {
-            return Ok(state);
-        }
-        tokio::select! {
-            () = notifier.notified(Topic::RunSettled) => {}
-            () = tokio::time::sleep(recheck) => {}
-        }
-    }
 }

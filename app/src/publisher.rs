@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowforge_ports::store::{Notifier, OutboxSweep, Topic};
-use flowforge_ports::{DispatchId, DispatchPublisher, QueueError, Scope, Store};
+use flowforge_ports::{DispatchId, DispatchPublisher, Scope, Store, queue};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -76,7 +76,7 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
         let rows = sweep.dispatches().to_vec();
         let results = self.queue.publish(&rows).await;
         let mut confirmed: Vec<DispatchId> = Vec::with_capacity(rows.len());
-        let mut transient: Option<QueueError> = None;
+        let mut transient: Option<queue::Error> = None;
         let mut failed = 0;
         for (row, result) in rows.iter().zip(results) {
             match result {

@@ -12,7 +12,7 @@ use flowforge_domain::derive::{
     next_compensation_step,
 };
 use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, TaskTransition};
-use flowforge_ports::store::{Notifier, PassRun, RunPass, Topic};
+use flowforge_ports::store::{LockedRun, Notifier, RunPass, Topic};
 use flowforge_ports::{RunEvent, RunId, Scope, Store, TaskEvent};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -174,7 +174,7 @@ impl<S: Store> Scheduler<S> {
         let Some(mut pass) = self.store.begin_pass(run).await? else {
             return Ok(None);
         };
-        let header: PassRun = pass.run().clone();
+        let header: LockedRun = pass.run().clone();
         let published = self.defs.get(header.workflow_id).await?;
         let def = &published.definition;
         let graph = def.graph();

@@ -11,8 +11,8 @@ use std::time::Duration;
 use flowforge_domain::TaskRunState;
 use flowforge_ports::store::{Claim, FinishResult, LeaseStatus, TaskOutcome};
 use flowforge_ports::{
-    Delivery, Dispatch, DispatchConsumer, DispatchQueue, HandlerError, QueueError, RunId, Store, TaskContext,
-    TaskEvent, WorkerId,
+    Delivery, Dispatch, DispatchConsumer, DispatchQueue, HandlerError, RunId, Store, TaskContext, TaskEvent, WorkerId,
+    queue,
 };
 use serde_json::Value;
 use tokio::task::JoinSet;
@@ -22,7 +22,7 @@ use tracing::Instrument;
 use crate::cache::DefinitionCache;
 use crate::error::Error;
 use crate::observers::Observers;
-use crate::registry::HandlerRegistry;
+use crate::registry::{HandlerRegistry, panic_message};
 
 /// How long a slot waits before requeueing a dispatch it could not claim
 /// because the store failed.
@@ -198,11 +198,24 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     shutdown.cancel();
-                    result = Err(e);
+                    if result.is_ok() {
+                        result = Err(e);
+                    }
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "a worker slot panicked");
                     shutdown.cancel();
+                    // The panic outranks a slot's error: it is the bug.
+                    if !matches!(result, Err(Error::LoopPanicked { .. })) {
+                        result = Err(Error::LoopPanicked {
+                            what: "worker",
+                            message: if e.is_panic() {
+                                panic_message(e.into_panic().as_ref())
+                            } else {
+                                "a slot was aborted".to_owned()
+                            },
+                        });
+                    }
                 }
             }
         }
@@ -263,7 +276,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
 
     /// Handles one delivery end to end. `Err` only when the final ack or
     /// nack failed (the caller tears the connection down).
-    pub async fn handle<D: Delivery>(&self, delivery: D) -> Result<Handled, QueueError> {
+    pub async fn handle<D: Delivery>(&self, delivery: D) -> Result<Handled, queue::Error> {
         let d: Dispatch = delivery.dispatch().clone();
         // `dispatch_token` is what a claim must match; `token` and `attempt`
         // are the attempt's own, once claimed.

@@ -399,7 +399,7 @@ async fn wait_settled<N: Notifier>(
     loop {
         let listed = store.list_runs(runs.len() as u32 + 100).await.expect("list_runs");
         let by_id: HashMap<RunId, &RunSummary> = listed.iter().map(|r| (r.id, r)).collect();
-        let terminal = |r: &RunSummary| matches!(r.state, RunState::Succeeded | RunState::Failed | RunState::Cancelled);
+        let terminal = |r: &RunSummary| r.state.is_terminal();
         if runs.iter().all(|id| by_id.get(id).is_some_and(|r| terminal(r))) {
             let summaries: Vec<RunSummary> = runs.iter().map(|id| by_id[id].clone()).collect();
             for s in &summaries {

@@ -27,17 +27,19 @@
 //! See `examples/embed.rs` for a complete program.
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use flowforge_adapters_inproc::InprocQueue;
 pub use flowforge_adapters_sqlite::SqliteStore;
 pub use flowforge_app::{
-    BUILTIN_TYPES, BuiltinOptions, Engine, EngineConfig, Error, HandlerRegistry, RunReport, Serving, to_output,
+    BUILTIN_TYPES, BuiltinOptions, Closed, Engine, EngineConfig, Error, HandlerRegistry, RunReport, Service, Serving,
+    TaskTypes, to_output,
 };
 pub use flowforge_domain::schema::{ParseError, parse_definition};
 pub use flowforge_domain::{RunState, TaskDefinition, WorkflowDefinition};
-use flowforge_ports::{Clock, SystemClock};
+use flowforge_ports::{Clock, Store, SystemClock, WorkerId};
 pub use flowforge_ports::{Handler, HandlerError, Observer, RunEvent, RunId, TaskContext, TaskEvent};
 use serde_json::Value;
 
@@ -123,6 +125,21 @@ impl EmbeddedBuilder {
         self
     }
 
+    /// The folder a `command` task's relative `cwd` is resolved against
+    /// (default: the current folder).
+    pub fn base_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        if let Some(options) = &mut self.builtins {
+            options.base_dir = dir.into();
+        }
+        self
+    }
+
+    /// How this engine names itself as a worker in task histories.
+    pub fn worker_id(mut self, id: WorkerId) -> Self {
+        self.config.worker_id = id;
+        self
+    }
+
     /// Registers a [`Handler`] for `task_type`.
     pub fn handler<H: Handler>(mut self, task_type: impl Into<String>, handler: H) -> Self {
         self.registry.register(task_type, handler);
@@ -169,18 +186,19 @@ impl EmbeddedBuilder {
 
     /// Opens the database (applying its migrations) and builds the engine.
     pub async fn build(self) -> Result<EmbeddedEngine, Error> {
-        let store = SqliteStore::connect(&self.database, self.clock).await?;
+        let store = SqliteStore::connect(&self.database, Arc::clone(&self.clock)).await?;
+        Ok(self.build_on(store))
+    }
+
+    /// Builds the engine over a store already open (any store: `flowforge
+    /// run --db postgres://…` drives its run this way); the database and
+    /// clock settings are the store's own, not this builder's.
+    pub fn build_on<S: Store>(self, store: S) -> Engine<S, InprocQueue> {
         let mut registry = HandlerRegistry::new();
         if let Some(options) = self.builtins {
             flowforge_app::register_builtins(&mut registry, options);
         }
         registry.extend(self.registry);
-        Ok(Engine::new(
-            store,
-            InprocQueue::new(),
-            registry,
-            self.observers,
-            self.config,
-        ))
+        Engine::new(store, InprocQueue::new(), registry, self.observers, self.config)
     }
 }

@@ -254,6 +254,14 @@ pub fn run_machine() -> &'static RunMachine {
     &RUN_MACHINE
 }
 
+impl RunState {
+    /// Whether the run has ended: no edge of the WorkflowRun machine leaves
+    /// this state.
+    pub fn is_terminal(self) -> bool {
+        run_machine().is_terminal(self)
+    }
+}
+
 /// The TaskRun machine.
 pub fn task_machine() -> &'static TaskMachine {
     &TASK_MACHINE

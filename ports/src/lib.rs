@@ -18,10 +18,53 @@ pub use clock::{Clock, SystemClock};
 pub use handler::{FailureKind, Handler, HandlerError, TaskContext};
 pub use ids::{DispatchId, RunId, TaskRunId, WorkerId, WorkflowId};
 pub use observer::{Observer, RunEvent, TaskEvent};
-pub use queue::{Delivery, Dispatch, DispatchConsumer, DispatchPublisher, DispatchQueue, QueueError};
+pub use queue::{Delivery, Dispatch, DispatchConsumer, DispatchPublisher, DispatchQueue};
 pub use store::{
-    Activity, CancelOutcome, Claim, DefinitionStore, EventView, FinishResult, LeaseStatus, LoadError, Notifier,
-    OutboxStore, OutboxSweep, PassRun, PassTask, PublishError, Published, Reaped, RunDetail, RunPass, RunSet, RunStore,
-    RunSummary, Scope, Store, StoreError, TaskInputs, TaskOutcome, TaskRunView, Topic, TransitionError, WorkerInfo,
+    Activity, CancelOutcome, Claim, DefinitionStore, EventView, FinishResult, LeaseStatus, LoadError, LockedRun,
+    Notifier, OutboxStore, OutboxSweep, PassTask, PublishError, Published, Reaped, RunDetail, RunPass, RunSet,
+    RunStore, RunSummary, Scope, Store, TaskInputs, TaskOutcome, TaskRunView, Topic, TransitionError, WorkerInfo,
     WorkerRegistration, WorkerRegistry,
 };
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// The contract's sections, read as text: a case is a `pub async fn`.
+    const SECTIONS: [&str; 9] = [
+        include_str!("contract/claims.rs"),
+        include_str!("contract/definitions.rs"),
+        include_str!("contract/finishing.rs"),
+        include_str!("contract/generic.rs"),
+        include_str!("contract/outbox.rs"),
+        include_str!("contract/pass.rs"),
+        include_str!("contract/queries.rs"),
+        include_str!("contract/reads.rs"),
+        include_str!("contract/reaper.rs"),
+    ];
+
+    /// A case written but left off `store_contract_tests!`'s list would
+    /// never run, silently; one listed but not written would not compile.
+    #[test]
+    fn every_contract_case_is_listed_in_the_macro_and_every_section_is_read() {
+        let written: BTreeSet<&str> = SECTIONS
+            .iter()
+            .flat_map(|s| s.lines())
+            .filter_map(|l| l.strip_prefix("pub async fn "))
+            .filter_map(|l| l.split(['<', '(']).next())
+            .collect();
+        let macro_text = include_str!("contract/mod.rs");
+        let list = macro_text
+            .split_once("@cases $factory;")
+            .and_then(|(_, rest)| rest.split_once(");"))
+            .map(|(list, _)| list)
+            .expect("store_contract_tests! lists its cases after `@cases $factory;`");
+        let listed: BTreeSet<&str> = list.split(',').map(str::trim).filter(|c| !c.is_empty()).collect();
+        assert_eq!(
+            written, listed,
+            "store_contract_tests! must list exactly the written cases"
+        );
+        let modules = macro_text.lines().filter(|l| l.starts_with("mod ")).count();
+        assert_eq!(modules, SECTIONS.len(), "a contract section is missing from SECTIONS");
+    }
+}

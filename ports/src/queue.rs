@@ -27,7 +27,7 @@ pub struct Dispatch {
 
 /// Why a queue operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum QueueError {
+pub enum Error {
     /// The broker cannot be reached or the connection dropped. Retry later.
     #[error("queue unavailable: {0}")]
     Unavailable(String),
@@ -49,7 +49,7 @@ pub enum QueueError {
     Closed,
 }
 
-impl QueueError {
+impl Error {
     /// Whether retrying the same operation later can succeed.
     pub fn is_transient(&self) -> bool {
         !matches!(self, Self::QueueTypeMismatch(_))
@@ -66,7 +66,7 @@ pub trait DispatchPublisher: Send + Sync + 'static {
     /// though the broker also acknowledges it. Every wait is bounded by a
     /// timeout. Publishing the same dispatch twice is allowed (consumers
     /// de-duplicate by claim).
-    fn publish(&self, batch: &[Dispatch]) -> impl Future<Output = Vec<Result<(), QueueError>>> + Send;
+    fn publish(&self, batch: &[Dispatch]) -> impl Future<Output = Vec<Result<(), Error>>> + Send;
 }
 
 /// A queue that hands out consumers.
@@ -76,7 +76,7 @@ pub trait DispatchQueue: Send + Sync + 'static {
 
     /// Opens a consumer holding at most one unacknowledged delivery
     /// (prefetch 1): a worker opens one per concurrency slot.
-    fn consumer(&self) -> impl Future<Output = Result<Self::Consumer, QueueError>> + Send;
+    fn consumer(&self) -> impl Future<Output = Result<Self::Consumer, Error>> + Send;
 }
 
 /// Receives dispatches one at a time.
@@ -88,7 +88,7 @@ pub trait DispatchConsumer: Send + 'static {
     ///
     /// Contract: a delivery that is dropped, nacked, or whose consumer is
     /// dropped before `ack` is delivered again (at-least-once).
-    fn next(&mut self) -> impl Future<Output = Result<Option<Self::Delivery>, QueueError>> + Send;
+    fn next(&mut self) -> impl Future<Output = Result<Option<Self::Delivery>, Error>> + Send;
 }
 
 /// One received dispatch.
@@ -99,7 +99,7 @@ pub trait Delivery: Send + 'static {
     fn redelivered(&self) -> bool;
     /// Acknowledges it: it will not be delivered again. Call only after the
     /// outcome is stored.
-    fn ack(self) -> impl Future<Output = Result<(), QueueError>> + Send;
+    fn ack(self) -> impl Future<Output = Result<(), Error>> + Send;
     /// Returns it to the queue for another delivery.
-    fn nack_requeue(self) -> impl Future<Output = Result<(), QueueError>> + Send;
+    fn nack_requeue(self) -> impl Future<Output = Result<(), Error>> + Send;
 }

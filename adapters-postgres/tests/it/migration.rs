@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use flowforge_adapters_postgres::{PgOptions, PgStore};
 use flowforge_ports::clock::ManualClock;
-use flowforge_ports::{StoreError, SystemClock};
+use flowforge_ports::{SystemClock, store};
 
 use crate::harness::{TestDb, options};
 
@@ -240,7 +240,7 @@ async fn connect_refuses_an_unmigrated_database_and_migrate_fixes_it() {
     let err = PgStore::connect(&db.url, Arc::new(SystemClock), options())
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Migration(_)), "{err:?}");
+    assert!(matches!(err, store::Error::Migration(_)), "{err:?}");
     assert!(err.to_string().contains("flowforge migrate"), "{err}");
 
     let store = PgStore::connect_unchecked(&db.url, Arc::new(SystemClock), options())
@@ -265,7 +265,7 @@ async fn connect_refuses_an_unmigrated_database_and_migrate_fixes_it() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, StoreError::Migration(ref m) if m.contains("99991231000000")),
+        matches!(err, store::Error::Migration(ref m) if m.contains("99991231000000")),
         "{err:?}"
     );
 }
@@ -276,7 +276,7 @@ async fn a_table_dropped_under_the_store_is_a_migration_error() {
     let (store, _) = db.store().await;
     sqlx::query("DROP TABLE worker").execute(store.pool()).await.unwrap();
     let err = flowforge_ports::WorkerRegistry::list_workers(&store).await.unwrap_err();
-    assert!(matches!(err, StoreError::Migration(_)), "{err:?}");
+    assert!(matches!(err, store::Error::Migration(_)), "{err:?}");
 }
 
 #[tokio::test]
@@ -337,7 +337,7 @@ async fn tls_follows_the_urls_sslmode() {
         assert!(encrypted, "sslmode=require must encrypt");
     } else {
         let err = required.unwrap_err();
-        assert!(err.is_transient() || matches!(err, StoreError::Other(_)), "{err:?}");
+        assert!(err.is_transient() || matches!(err, store::Error::Other(_)), "{err:?}");
     }
     let plain = PgStore::connect(&with_mode("disable"), Arc::new(SystemClock), options())
         .await

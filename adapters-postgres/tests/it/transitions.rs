@@ -8,7 +8,7 @@ use flowforge_adapters_postgres::PgStore;
 use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, TaskTransition};
 use flowforge_ports::{
     CancelOutcome, DefinitionStore, FinishResult, LeaseStatus, OutboxStore, OutboxSweep, RunPass, RunStore, Scope,
-    StoreError, TaskOutcome, TransitionError, WorkerId, WorkerRegistration, WorkerRegistry, WorkflowId,
+    TaskOutcome, TransitionError, WorkerId, WorkerRegistration, WorkerRegistry, WorkflowId, store,
 };
 use serde_json::json;
 
@@ -70,7 +70,7 @@ async fn start_run_materialises_forward_tasks_and_dispatches_the_ready_ones() {
     assert_eq!(d.fencing_token, detail.tasks[0].token);
     assert!(matches!(
         store.start_run(WorkflowId(4242), json!({})).await,
-        Err(StoreError::Other(_))
+        Err(store::Error::Other(_))
     ));
     assert_eq!(store.list_runs(10).await.unwrap()[0].id, run);
 }
@@ -392,7 +392,7 @@ async fn cancellation_reaches_every_waiting_task_and_claims_stop() {
     assert!(pass.transition_run(RunTransition::Cancel).await.unwrap());
     assert!(matches!(
         pass.transition_run(RunTransition::Succeed).await,
-        Err(StoreError::Other(_))
+        Err(store::Error::Other(_))
     ));
     pass.commit().await.unwrap();
 

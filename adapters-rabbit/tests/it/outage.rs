@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use flowforge_adapters_rabbit::{RabbitPublisher, RabbitQueue};
-use flowforge_ports::{Delivery as _, DispatchConsumer as _, DispatchPublisher as _, DispatchQueue as _, QueueError};
+use flowforge_ports::{Delivery as _, DispatchConsumer as _, DispatchPublisher as _, DispatchQueue as _, queue};
 
 use crate::proxy::{Mode, Proxy};
 use crate::support::{Fixture, broker_address, dispatch, url_via, within};
@@ -18,10 +18,10 @@ fn closed_port() -> u16 {
 }
 
 /// Whether every result is an error the outbox publisher would retry.
-fn all_transient_failures(results: &[Result<(), QueueError>]) -> bool {
+fn all_transient_failures(results: &[Result<(), queue::Error>]) -> bool {
     results
         .iter()
-        .all(|result| matches!(result, Err(QueueError::Unavailable(_) | QueueError::Timeout(_))))
+        .all(|result| matches!(result, Err(queue::Error::Unavailable(_) | queue::Error::Timeout(_))))
 }
 
 fn ids(dispatches: &[flowforge_ports::Dispatch]) -> BTreeSet<i64> {
@@ -43,11 +43,11 @@ async fn an_unreachable_broker_is_unavailable_at_once() {
     assert!(
         matches!(
             results.as_slice(),
-            [Err(QueueError::Unavailable(_)), Err(QueueError::Unavailable(_))]
+            [Err(queue::Error::Unavailable(_)), Err(queue::Error::Unavailable(_))]
         ),
         "{results:?}"
     );
-    assert!(matches!(consumer, Err(QueueError::Unavailable(_))), "{consumer:?}");
+    assert!(matches!(consumer, Err(queue::Error::Unavailable(_))), "{consumer:?}");
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "took {:?}",
@@ -101,7 +101,7 @@ async fn a_stalled_broker_times_out_the_confirms_and_publishing_resumes() {
     let results = publisher.publish(&[dispatch(2), dispatch(3)]).await;
     let waited = started.elapsed();
     assert!(
-        results.iter().all(|r| matches!(r, Err(QueueError::Timeout(_)))),
+        results.iter().all(|r| matches!(r, Err(queue::Error::Timeout(_)))),
         "{results:?}"
     );
     // The confirm timeout is 3 s; publishes were written before it starts.
@@ -113,7 +113,7 @@ async fn a_stalled_broker_times_out_the_confirms_and_publishing_resumes() {
     let started = Instant::now();
     let results = publisher.publish(&[dispatch(4)]).await;
     assert!(
-        matches!(results.as_slice(), [Err(QueueError::Unavailable(_))]),
+        matches!(results.as_slice(), [Err(queue::Error::Unavailable(_))]),
         "{results:?}"
     );
     assert!(
@@ -149,18 +149,18 @@ async fn a_cut_consumer_fails_its_ack_and_a_new_consumer_gets_the_redelivery() {
 
     proxy.set(Mode::Cut);
     let next = within(10, "next on a cut connection", consumer.next()).await;
-    assert!(matches!(next, Err(QueueError::Unavailable(_))), "{next:?}");
+    assert!(matches!(next, Err(queue::Error::Unavailable(_))), "{next:?}");
     // Once the loss is known, the ack fails rather than vanishing (an ack
     // racing the loss may be written and lost: the broker redelivers then).
     let ack = within(10, "the failing ack", delivery.ack()).await;
     assert!(
-        matches!(ack, Err(QueueError::Unavailable(_) | QueueError::Timeout(_))),
+        matches!(ack, Err(queue::Error::Unavailable(_) | queue::Error::Timeout(_))),
         "{ack:?}"
     );
     let again = within(10, "next on a dead consumer", consumer.next()).await;
-    assert!(matches!(again, Err(QueueError::Unavailable(_))), "{again:?}");
+    assert!(matches!(again, Err(queue::Error::Unavailable(_))), "{again:?}");
     let reconnect = within(10, "consumer() while cut", queue.consumer()).await;
-    assert!(matches!(reconnect, Err(QueueError::Unavailable(_))), "{reconnect:?}");
+    assert!(matches!(reconnect, Err(queue::Error::Unavailable(_))), "{reconnect:?}");
 
     proxy.set(Mode::Forward);
     let mut consumer = queue.consumer().await.unwrap();

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use flowforge_adapters_rabbit::{RabbitPublisher, RabbitQueue};
 use flowforge_ports::{
-    Delivery as _, Dispatch, DispatchConsumer as _, DispatchPublisher as _, DispatchQueue as _, QueueError,
+    Delivery as _, Dispatch, DispatchConsumer as _, DispatchPublisher as _, DispatchQueue as _, queue,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -52,9 +52,9 @@ async fn a_returned_publish_is_unroutable_although_the_broker_acks_it() {
 
     let results = publisher.publish(&batch).await;
 
-    let expected: Vec<Result<(), QueueError>> = batch
+    let expected: Vec<Result<(), queue::Error>> = batch
         .iter()
-        .map(|d| Err(QueueError::Unroutable(d.dispatch_id)))
+        .map(|d| Err(queue::Error::Unroutable(d.dispatch_id)))
         .collect();
     assert_eq!(results, expected);
     // Once a queue is bound, the same publisher routes: no return lingers.
@@ -146,13 +146,13 @@ async fn a_publish_the_queue_refuses_is_nacked_while_the_rest_of_the_batch_confi
 
     let results = publisher.publish(&batch).await;
 
-    let expected: Vec<Result<(), QueueError>> = batch
+    let expected: Vec<Result<(), queue::Error>> = batch
         .iter()
         .map(|d| {
             if d.dispatch_id.0 <= 3 {
                 Ok(())
             } else {
-                Err(QueueError::Nacked(d.dispatch_id))
+                Err(queue::Error::Nacked(d.dispatch_id))
             }
         })
         .collect();

@@ -1,7 +1,7 @@
 //! Declarations that contradict what exists are reported, never retried.
 
 use flowforge_adapters_rabbit::{RabbitPublisher, RabbitQueue};
-use flowforge_ports::{DispatchPublisher as _, DispatchQueue as _, QueueError};
+use flowforge_ports::{DispatchPublisher as _, DispatchQueue as _, queue};
 use lapin::ExchangeKind;
 use lapin::options::ExchangeDeclareOptions;
 use lapin::types::FieldTable;
@@ -16,7 +16,7 @@ async fn a_classic_queue_of_the_same_name_is_a_type_mismatch_carrying_the_proced
     let queue = RabbitQueue::new(fx.config()).unwrap();
 
     for attempt in [queue.declare().await.map(|_| ()), queue.consumer().await.map(|_| ())] {
-        let Err(QueueError::QueueTypeMismatch(message)) = &attempt else {
+        let Err(queue::Error::QueueTypeMismatch(message)) = &attempt else {
             panic!("expected a queue-type mismatch, got {attempt:?}");
         };
         assert!(!attempt.as_ref().unwrap_err().is_transient());
@@ -55,7 +55,7 @@ async fn an_exchange_of_another_type_is_reported_as_a_non_transient_mismatch() {
 
     let results = publisher.publish(&[dispatch(1)]).await;
 
-    let [Err(QueueError::QueueTypeMismatch(message))] = results.as_slice() else {
+    let [Err(queue::Error::QueueTypeMismatch(message))] = results.as_slice() else {
         panic!("expected an exchange mismatch, got {results:?}");
     };
     assert!(message.contains(&format!("exchange '{}'", fx.exchange)), "{message}");

@@ -13,7 +13,7 @@ use std::time::Duration;
 use flowforge_adapters_sqlite::SqliteStore;
 use flowforge_domain::{TaskRunState, WorkflowDefinition, WorkflowDocument};
 use flowforge_ports::clock::ManualClock;
-use flowforge_ports::{Clock, DefinitionStore, LoadError, RunPass, RunStore, StoreError, SystemClock, WorkerId};
+use flowforge_ports::{Clock, DefinitionStore, LoadError, RunPass, RunStore, SystemClock, WorkerId, store};
 use serde_json::{Value, json};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection, SqliteConnection};
@@ -348,7 +348,7 @@ async fn a_schema_from_a_newer_binary_is_a_migration_error() {
     .await
     .expect("a migration this binary does not know");
     match SqliteStore::connect(&format!("sqlite://{}", path.display()), clock()).await {
-        Err(StoreError::Migration(message)) => assert!(message.contains("99990101000000"), "{message}"),
+        Err(store::Error::Migration(message)) => assert!(message.contains("99990101000000"), "{message}"),
         other => panic!("expected a migration error, got {other:?}"),
     }
 }
@@ -364,7 +364,7 @@ async fn a_missing_table_is_a_migration_error() {
     conn.close().await.expect("close");
     use flowforge_ports::WorkerRegistry;
     match store.list_workers().await {
-        Err(StoreError::Migration(message)) => assert!(message.contains("worker"), "{message}"),
+        Err(store::Error::Migration(message)) => assert!(message.contains("worker"), "{message}"),
         other => panic!("expected a migration error, got {other:?}"),
     }
 }
@@ -564,7 +564,7 @@ async fn a_failed_pass_call_rolls_back_and_ends_the_pass() {
             .expect("start")
     );
     match pass.satisfy_dependencies(&[("b".into(), 1)]).await {
-        Err(StoreError::Corrupt(message)) => assert!(message.contains("no task row"), "{message}"),
+        Err(store::Error::Corrupt(message)) => assert!(message.contains("no task row"), "{message}"),
         other => panic!("a ready row without a dispatch must not be written, got {other:?}"),
     }
     assert!(pass.activity().await.is_err(), "the pass is over");

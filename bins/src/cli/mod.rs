@@ -13,6 +13,7 @@
 //! stderr; an error that escapes a command is an infrastructure error
 //! (exit 4); invalid input is a report plus exit 2, not an `Err`.
 
+pub(crate) mod common;
 pub(crate) mod graph;
 pub(crate) mod migrate;
 pub(crate) mod processes;
@@ -231,5 +232,16 @@ mod tests {
     #[test]
     fn the_command_line_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_panicking_loop_exits_as_the_engine_failing_not_as_bad_input() {
+        let panicked = flowforge::Error::LoopPanicked {
+            what: "scheduler",
+            message: "boom".into(),
+        };
+        assert_eq!(panicked.to_string(), "the engine's scheduler panicked: boom");
+        assert_eq!(fail(&panicked), Exit::Infrastructure);
+        assert_eq!(fail(&flowforge::Error::LoopStopped), Exit::Infrastructure);
     }
 }

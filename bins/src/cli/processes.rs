@@ -16,7 +16,7 @@ use flowforge_ports::store::WorkerRegistration;
 use flowforge_ports::{Store, WorkerId};
 use tokio_util::sync::CancellationToken;
 
-use super::run::{host, interrupted};
+use super::common::{host, interrupted};
 use super::store::with_store;
 use super::{Exit, Global, fail};
 

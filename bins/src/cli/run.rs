@@ -9,15 +9,15 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use flowforge::{BuiltinOptions, Engine, EngineConfig, HandlerRegistry, InprocQueue, RunReport};
-use flowforge_domain::{RunState, WorkflowDefinition};
-use flowforge_ports::{Observer, Scope, Store, WorkerId};
+use flowforge::{Embedded, RunReport};
+use flowforge_domain::WorkflowDefinition;
+use flowforge_ports::{Scope, Store, WorkerId};
 use serde_json::Value;
 
+use super::common::{exit_for, host, interrupted, load_definition, parse_input};
 use super::progress::Progress;
 use super::runs::{Output, print_run_report};
 use super::store::with_store;
-use super::validate::{check_file, render_text};
 use super::{Exit, Global, fail};
 
 /// Arguments of `flowforge run`.
@@ -35,64 +35,6 @@ pub(crate) struct Args {
     /// Report format.
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub(crate) output: Output,
-}
-
-/// Reads a definition file, printing its problems (exit 2) if invalid.
-pub(crate) fn load_definition(file: &Path) -> Result<WorkflowDefinition, Exit> {
-    let report = check_file(file);
-    match report.definition {
-        Some(def) => Ok(def),
-        None => {
-            eprint!("{}", render_text(&report));
-            Err(Exit::Invalid)
-        }
-    }
-}
-
-/// Parses `--input`: inline JSON or `@file`.
-pub(crate) fn parse_input(input: Option<&str>) -> Result<Value, Exit> {
-    let Some(input) = input else {
-        return Ok(Value::Object(Default::default()));
-    };
-    let (text, source) = match input.strip_prefix('@') {
-        Some(path) => match std::fs::read_to_string(path) {
-            Ok(text) => (text, path.to_owned()),
-            Err(e) => {
-                eprintln!("error: cannot read --input file {path}: {e}");
-                return Err(Exit::Invalid);
-            }
-        },
-        None => (input.to_owned(), "--input".to_owned()),
-    };
-    serde_json::from_str(&text).map_err(|e| {
-        eprintln!("error: {source} is not valid JSON: {e}");
-        Exit::Invalid
-    })
-}
-
-/// Resolves when the user asks to stop: Ctrl-C or SIGTERM.
-pub(crate) async fn interrupted() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
-}
-
-/// The exit code of a run that ended in `state`.
-pub(crate) fn exit_for(state: Option<RunState>) -> Exit {
-    match state {
-        Some(RunState::Succeeded) => Exit::Ok,
-        Some(RunState::Cancelled) => Exit::Cancelled,
-        _ => Exit::RunFailed,
-    }
 }
 
 /// `flowforge run`.
@@ -122,29 +64,19 @@ async fn drive<S: Store>(
     input: Value,
     base_dir: PathBuf,
 ) -> anyhow::Result<Exit> {
-    let mut registry = HandlerRegistry::new();
-    flowforge_app::register_builtins(
-        &mut registry,
-        BuiltinOptions {
-            allow_command: true,
-            base_dir,
-            ..BuiltinOptions::default()
-        },
-    );
     let progress = Arc::new(Progress::new(
         def.forward_tasks().count() as u64,
         args.output == Output::Json,
     ));
-    let mut config = EngineConfig {
-        lease: global.lease(),
-        worker_id: WorkerId(format!("{}:{}", host(), std::process::id())),
-        ..EngineConfig::default()
-    };
+    let mut builder = Embedded::builder()
+        .base_dir(base_dir)
+        .lease(global.lease())
+        .worker_id(WorkerId(format!("{}:{}", host(), std::process::id())))
+        .observer(progress.clone());
     if let Some(n) = args.concurrency {
-        config.concurrency = n as usize;
+        builder = builder.concurrency(n as usize);
     }
-    let observers: Vec<Arc<dyn Observer>> = vec![progress.clone()];
-    let engine = Engine::new(store, InprocQueue::new(), registry, observers, config);
+    let engine = builder.build_on(store);
     let published = match engine.publish(def).await {
         Ok(p) => p,
         Err(e) => return Ok(fail(&e)),
@@ -194,12 +126,4 @@ async fn drive<S: Store>(
     } else {
         exit_for(report.run_state())
     })
-}
-
-/// This host's name, for worker ids.
-pub(crate) fn host() -> String {
-    hostname::get()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "localhost".to_owned())
 }

@@ -1,17 +1,14 @@
 //! `flowforge runs list | get ID | cancel ID`: the runs in `--db`, past and
 //! current, and closing one (an abandoned run whose process died).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::ValueEnum;
-use flowforge::RunReport;
-use flowforge_app::scheduler::{Scheduler, SchedulerConfig};
-use flowforge_domain::RunState;
-use flowforge_ports::store::CancelOutcome;
-use flowforge_ports::{RunId, Scope, Store};
+use flowforge::{Closed, RunReport, Service};
+use flowforge_ports::{RunId, Store};
 
 use super::store::with_store;
-use super::{Exit, Global, print_report};
+use super::{Exit, Global, fail, print_report};
 
 /// How a run report is printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -53,15 +50,21 @@ pub(crate) enum Command {
 
 /// Runs a `runs` subcommand.
 pub(crate) async fn run(global: &Global, command: Command) -> anyhow::Result<Exit> {
-    with_store!(&global.db, |store| match command {
-        Command::List { limit, output } => list(&store, limit, output).await,
-        Command::Get { id, output } => get(&store, id, output).await,
-        Command::Cancel { id } => cancel(store, id, global.lease()).await,
+    with_store!(&global.db, |store| {
+        let service = Service::new(store);
+        match command {
+            Command::List { limit, output } => list(&service, limit, output).await,
+            Command::Get { id, output } => get(&service, id, output).await,
+            Command::Cancel { id } => cancel(&service, id, global.lease()).await,
+        }
     })
 }
 
-async fn list<S: Store>(store: &S, limit: u32, output: Output) -> anyhow::Result<Exit> {
-    let runs = store.list_runs(limit).await?;
+async fn list<S: Store>(service: &Service<S>, limit: u32, output: Output) -> anyhow::Result<Exit> {
+    let runs = match service.list(limit).await {
+        Ok(runs) => runs,
+        Err(e) => return Ok(fail(&e)),
+    };
     let text = match output {
         Output::Json => {
             let rows: Vec<serde_json::Value> = runs
@@ -86,7 +89,7 @@ async fn list<S: Store>(store: &S, limit: u32, output: Output) -> anyhow::Result
                 "RUN", "WORKFLOW", "VER", "STATE", "CREATED"
             );
             for r in &runs {
-                let state = if r.cancel_requested && !is_terminal(r.state) {
+                let state = if r.cancel_requested && !r.state.is_terminal() {
                     format!("{} (cancelling)", r.state)
                 } else {
                     r.state.to_string()
@@ -107,86 +110,42 @@ async fn list<S: Store>(store: &S, limit: u32, output: Output) -> anyhow::Result
     Ok(Exit::Ok)
 }
 
-/// Loads the report of `id` from a store.
-pub(crate) async fn report_of<S: Store>(store: &S, id: RunId) -> anyhow::Result<Option<RunReport>> {
-    let Some(detail) = store.get_run(id).await? else {
-        return Ok(None);
-    };
-    let published = store.load_definition(detail.summary.workflow_id).await?;
-    Ok(Some(RunReport::new(&detail, &published.definition)))
-}
-
-async fn get<S: Store>(store: &S, id: RunId, output: Output) -> anyhow::Result<Exit> {
-    match report_of(store, id).await? {
-        Some(report) => {
+async fn get<S: Store>(service: &Service<S>, id: RunId, output: Output) -> anyhow::Result<Exit> {
+    match service.report(id).await {
+        Ok(report) => {
             print_run_report(&report, output)?;
             Ok(Exit::Ok)
         }
-        None => {
-            eprintln!("error: run {id} not found");
-            Ok(Exit::Invalid)
-        }
+        Err(e) => Ok(fail(&e)),
     }
 }
 
-fn is_terminal(state: RunState) -> bool {
-    matches!(state, RunState::Succeeded | RunState::Failed | RunState::Cancelled)
-}
-
-async fn cancel<S: Store>(store: S, id: RunId, lease: Duration) -> anyhow::Result<Exit> {
-    match store.request_cancel(id).await? {
-        None => {
-            eprintln!("error: run {id} not found");
-            return Ok(Exit::Invalid);
-        }
-        Some(CancelOutcome::AlreadyFinished(state)) => {
-            println!("run {id} already ended: {state}");
-            return Ok(Exit::Ok);
-        }
-        Some(CancelOutcome::Requested | CancelOutcome::AlreadyRequested) => {}
-    }
-    // Drive the run ourselves: if the process that ran it is gone, nobody
-    // else will. Passes are safe to race with a live scheduler.
-    let scheduler = Scheduler::new(
-        store.clone(),
-        std::sync::Arc::new(flowforge_app::cache::DefinitionCache::new(store.clone())),
-        Default::default(),
-        SchedulerConfig {
-            scope: Scope::Run(id),
-            ..SchedulerConfig::default()
-        },
-    );
-    let give_up = Instant::now() + lease + Duration::from_secs(5);
-    let mut said_waiting = false;
-    loop {
-        if let Err(e) = scheduler.schedule_once().await {
-            eprintln!("error: {e}");
-            return Ok(Exit::Infrastructure);
-        }
-        let state = store.get_run(id).await?.map(|d| d.summary.state);
-        if let Some(state) = state.filter(|s| is_terminal(*s)) {
-            println!("run {id} {state}");
-            return Ok(Exit::Ok);
-        }
-        if Instant::now() >= give_up {
-            println!(
-                "cancel requested for run {id}; a task is still running and will be cancelled when its worker stops it"
-            );
-            return Ok(Exit::Ok);
-        }
-        if !said_waiting {
+async fn cancel<S: Store>(service: &Service<S>, id: RunId, lease: Duration) -> anyhow::Result<Exit> {
+    // The process that ran it may be gone: drive it here, for up to a
+    // lease (a running task stops when its worker sees the request or its
+    // lease runs out).
+    let patience = lease + Duration::from_secs(5);
+    let closing = service.close(id, patience);
+    tokio::pin!(closing);
+    let closed = tokio::select! {
+        closed = &mut closing => closed,
+        () = tokio::time::sleep(Duration::from_millis(200)) => {
             eprintln!(
                 "cancel requested; waiting for running tasks to stop (at most {}s)",
-                lease.as_secs() + 5
+                patience.as_secs()
             );
-            said_waiting = true;
+            closing.await
         }
-        let wait = store
-            .next_deadline(Scope::Run(id))
-            .await?
-            .unwrap_or(Duration::from_secs(1));
-        tokio::time::sleep(wait.clamp(Duration::from_millis(100), Duration::from_secs(1))).await;
+    };
+    match closed {
+        Ok(Closed::AlreadyEnded(state)) => println!("run {id} already ended: {state}"),
+        Ok(Closed::Ended(state)) => println!("run {id} {state}"),
+        Ok(Closed::StillStopping) => println!(
+            "cancel requested for run {id}; a task is still running and will be cancelled when its worker stops it"
+        ),
+        Err(e) => return Ok(fail(&e)),
     }
+    Ok(Exit::Ok)
 }
 
 /// Prints a run report as text or JSON on stdout.

@@ -5,14 +5,13 @@
 //! report; Ctrl-C then cancels the run and exits 130.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
+use flowforge::{Service, TaskTypes};
 use flowforge_adapters_rabbit::RabbitConfig;
-use flowforge_app::process::{publish_checked, wait_for_run};
 use flowforge_ports::Store;
 
-use super::run::{exit_for, interrupted, load_definition, parse_input};
-use super::runs::{Output, print_run_report, report_of};
+use super::common::{exit_for, interrupted, load_definition, parse_input};
+use super::runs::{Output, print_run_report};
 use super::store::with_store;
 use super::{Exit, Global, fail};
 
@@ -65,11 +64,15 @@ async fn submit<S: Store>(
     def: &flowforge_domain::WorkflowDefinition,
     input: serde_json::Value,
 ) -> anyhow::Result<Exit> {
-    let published = match publish_checked(&store, def).await {
+    let service = Service::new(store);
+    let published = match service.publish(def, &TaskTypes::LiveWorkers).await {
         Ok(p) => p,
         Err(e) => return Ok(fail(&e)),
     };
-    let run = store.start_run(published.id, input).await?;
+    let run = match service.start(published.id, input).await {
+        Ok(run) => run,
+        Err(e) => return Ok(fail(&e)),
+    };
     if !args.wait {
         println!("{run}");
         return Ok(Exit::Ok);
@@ -78,7 +81,7 @@ async fn submit<S: Store>(
     let mut interrupted_once = false;
     loop {
         tokio::select! {
-            state = wait_for_run(&store, run, Duration::from_secs(2)) => {
+            state = service.wait(run) => {
                 if let Err(e) = state {
                     return Ok(fail(&e));
                 }
@@ -87,13 +90,15 @@ async fn submit<S: Store>(
             () = interrupted(), if !interrupted_once => {
                 interrupted_once = true;
                 eprintln!("cancelling run {run}");
-                store.request_cancel(run).await?;
+                if let Err(e) = service.cancel(run).await {
+                    return Ok(fail(&e));
+                }
             }
         }
     }
-    let Some(report) = report_of(&store, run).await? else {
-        eprintln!("error: run {run} vanished");
-        return Ok(Exit::Infrastructure);
+    let report = match service.report(run).await {
+        Ok(report) => report,
+        Err(e) => return Ok(fail(&e)),
     };
     print_run_report(&report, args.output)?;
     Ok(if interrupted_once {

@@ -14,7 +14,7 @@ use flowforge_adapters_rabbit::RabbitPublisher;
 use flowforge_app::Error;
 use flowforge_app::publisher::{OutboxPublisher, PublisherConfig, SweepReport};
 use flowforge_ports::{
-    DefinitionStore, Dispatch, DispatchId, DispatchPublisher, OutboxStore, OutboxSweep, QueueError, RunStore, Scope,
+    DefinitionStore, Dispatch, DispatchId, DispatchPublisher, OutboxStore, OutboxSweep, RunStore, Scope, queue,
 };
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
@@ -134,7 +134,7 @@ async fn an_unroutable_publish_is_an_error_and_the_row_stays_unpublished() {
     let row = outbox(&store).await.remove(0);
     let publisher = outbox_publisher(store.clone(), &broker);
     match publisher.publish_once().await {
-        Err(Error::Queue(QueueError::Unroutable(id))) => assert_eq!(id, row.dispatch.dispatch_id),
+        Err(Error::Queue(queue::Error::Unroutable(id))) => assert_eq!(id, row.dispatch.dispatch_id),
         other => panic!("expected the row's Unroutable error, got {other:?}"),
     }
     assert!(
@@ -259,7 +259,7 @@ struct Recording<P> {
 }
 
 impl<P: DispatchPublisher> DispatchPublisher for Recording<P> {
-    async fn publish(&self, batch: &[Dispatch]) -> Vec<Result<(), QueueError>> {
+    async fn publish(&self, batch: &[Dispatch]) -> Vec<Result<(), queue::Error>> {
         let hold = self.hold_first.lock().unwrap_or_else(PoisonError::into_inner).take();
         if let Some(barrier) = hold {
             // Both sweeps are open at once here, each holding its rows

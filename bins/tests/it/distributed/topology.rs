@@ -12,7 +12,7 @@ use flowforge_adapters_rabbit::RabbitQueue;
 use flowforge_app::Error;
 use flowforge_app::cache::DefinitionCache;
 use flowforge_app::worker::{Worker, WorkerConfig};
-use flowforge_ports::{DefinitionStore, QueueError, RunStore, WorkerId};
+use flowforge_ports::{DefinitionStore, RunStore, WorkerId, queue};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -60,8 +60,8 @@ async fn a_worker_over_a_classic_queue_stops_with_the_typed_error_and_does_not_r
     // A loop that retried would never return: the bound is the proof.
     let ended = within("the worker to give up", worker.run(shutdown.clone())).await;
     match ended {
-        Err(Error::Queue(QueueError::QueueTypeMismatch(message))) => {
-            assert!(!QueueError::QueueTypeMismatch(message.clone()).is_transient());
+        Err(Error::Queue(queue::Error::QueueTypeMismatch(message))) => {
+            assert!(!queue::Error::QueueTypeMismatch(message.clone()).is_transient());
             assert_carries_the_procedure(&message, &broker.queue);
         }
         other => panic!("expected the queue-type mismatch, got {other:?}"),
@@ -103,7 +103,7 @@ async fn a_publisher_over_an_exchange_of_another_type_fails_without_retrying_and
     store.start_run(published.id, json!({})).await.expect("start");
     let publisher = outbox_publisher(store.clone(), &broker);
     match publisher.publish_once().await {
-        Err(Error::Queue(e @ QueueError::QueueTypeMismatch(_))) => {
+        Err(Error::Queue(e @ queue::Error::QueueTypeMismatch(_))) => {
             assert!(!e.is_transient());
             let message = e.to_string();
             assert!(
@@ -117,7 +117,7 @@ async fn a_publisher_over_an_exchange_of_another_type_fails_without_retrying_and
     // The loop gives up at once instead of backing off forever.
     let ended = within("the publisher loop to give up", publisher.run(CancellationToken::new())).await;
     assert!(
-        matches!(ended, Err(Error::Queue(QueueError::QueueTypeMismatch(_)))),
+        matches!(ended, Err(Error::Queue(queue::Error::QueueTypeMismatch(_)))),
         "{ended:?}"
     );
     assert!(!outbox(&store).await[0].published);

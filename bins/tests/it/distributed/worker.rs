@@ -21,8 +21,8 @@ use flowforge_app::worker::{Handled, Worker, WorkerConfig};
 use flowforge_domain::TaskRunState;
 use flowforge_ports::clock::ManualClock;
 use flowforge_ports::{
-    DefinitionStore, Delivery, DispatchConsumer, DispatchPublisher, DispatchQueue, FinishResult, QueueError, RunId,
-    RunStore, WorkerId,
+    DefinitionStore, Delivery, DispatchConsumer, DispatchPublisher, DispatchQueue, FinishResult, RunId, RunStore,
+    WorkerId, queue,
 };
 use serde_json::json;
 use tokio::sync::Notify;
@@ -222,12 +222,12 @@ async fn an_ack_lost_after_the_outcome_is_stored_brings_a_redelivery_acked_witho
     // The connection dies while the handler runs; the consumer learns it.
     proxy.set(Mode::Cut);
     let next = within("the consumer to see the loss", consumer.next()).await;
-    assert!(matches!(next, Err(QueueError::Unavailable(_))), "{next:?}");
+    assert!(matches!(next, Err(queue::Error::Unavailable(_))), "{next:?}");
 
     gate.notify_one();
     let handled = within("the attempt to end", handling).await.expect("join");
     assert!(
-        matches!(handled, Err(QueueError::Unavailable(_) | QueueError::Timeout(_))),
+        matches!(handled, Err(queue::Error::Unavailable(_) | queue::Error::Timeout(_))),
         "the ack fails and says so: {handled:?}"
     );
     let stored = detail(&store, run).await;

@@ -1,0 +1,205 @@
+//! The scheduler pass's statements: taking a run's flags, promoting,
+//! cancelling, compensating and deriving the run's state.
+
+/// begin_pass and take_flagged in one round trip: the run locked (`FOR
+/// UPDATE SKIP LOCKED`, so several schedulers can run at once; by primary
+/// key), then [`TAKE_FLAGGED`]'s clearing, only when the lock was taken. One row
+/// per flagged task run (its columns NULL when none is flagged), none when
+/// the run is locked by another scheduler or terminal. `$1` run.
+pub const BEGIN_PASS_TAKING_FLAGS: &str = concat!(
+    "WITH locked AS (
+    SELECT id, workflow_id, state, cancel_requested_at IS NOT NULL AS cancel_requested
+    FROM workflow_run
+    WHERE id = $1 AND state IN ('pending', 'running')
+    FOR UPDATE SKIP LOCKED
+), ",
+    take_flags!("(SELECT id FROM locked)"),
+    "
+SELECT l.id AS run_id, l.workflow_id, l.state AS run_state, l.cancel_requested,
+       f.id, f.task_key, f.state, f.cancel_reason, f.compensate_for
+FROM locked AS l LEFT JOIN flagged AS f ON true
+ORDER BY f.id"
+);
+
+/// take_flagged: reads and clears the task-run flags in one statement
+/// (`taskrun_needs_pass_idx`), and clears the run's flag. `$1` run.
+pub const TAKE_FLAGGED: &str = concat!(
+    "WITH ",
+    take_flags!("$1"),
+    "
+SELECT id, task_key, state, cancel_reason, compensate_for FROM flagged ORDER BY id"
+);
+
+/// satisfy_dependencies: lowers the pending rows' counts in one batched
+/// UPDATE (`uniq_taskrun_run_key`), applying `dependencies_satisfied` in
+/// the same statement to every forward row that reaches zero, with its
+/// event and one outbox row each. `$1` offset, `$2` run,
+/// `$3` workflow, `$4` keys, `$5` amounts.
+pub const LOWER_AND_PROMOTE: &str = concat!(
+    "WITH lowered AS (
+    UPDATE task_run AS tr
+    SET pending_deps = tr.pending_deps - d.n,
+        state = CASE WHEN tr.pending_deps - d.n = 0 AND tr.compensate_for IS NULL THEN 'ready' ELSE tr.state END
+    FROM unnest($4::text[], $5::int4[]) AS d(key, n)
+    WHERE tr.run_id = $2 AND tr.task_key = d.key AND tr.state = 'pending'
+    RETURNING tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.state
+), moved AS (
+    SELECT id, run_id, task_key, attempt, fencing_token FROM lowered WHERE state = 'ready'
+",
+    made_ready!("dependencies_satisfied", "pending"),
+    "
+SELECT m.task_key, ",
+    any_row!("dispatched"),
+    " AS woke FROM moved AS m ORDER BY m.id"
+);
+
+/// promote_due_retries: `retry_ready` on every due retrying row of the
+/// run, with one outbox row each (`taskrun_retry_due_idx` or
+/// `taskrun_active_idx`, whichever is smaller), and the run's activity
+/// (see [`ACTIVITY`]) in the same round trip: the scheduler asks for it
+/// next, and a promotion cannot change it (retrying and ready are both
+/// active, and nothing starts). `$1` offset, `$2` run, `$3` workflow, `$4`
+/// true when the run is no longer pending.
+pub const PROMOTE_RETRIES: &str = concat!(
+    "WITH moved AS (
+    UPDATE task_run SET state = 'ready', retry_at = NULL
+    WHERE run_id = $2 AND state = 'retrying' AND retry_at <= ",
+    now!(),
+    "
+    RETURNING id, run_id, task_key, attempt, fencing_token
+",
+    made_ready!("retry_ready", "retrying"),
+    "
+SELECT COALESCE((SELECT array_agg(task_key ORDER BY id) FROM moved), '{}') AS keys, ",
+    any_row!("dispatched"),
+    " AS woke,
+       ",
+    activity_columns!("$2", "$4")
+);
+
+/// cancel_pending: the named rows still pending (`uniq_taskrun_run_key`).
+/// `$1` offset, `$2` run, `$3` keys, `$4` reason.
+pub const CANCEL_PENDING: &str = concat!(
+    "WITH moved AS (
+    UPDATE task_run SET state = 'cancelled', cancel_reason = $4, finished_at = ",
+    now!(),
+    "
+    WHERE run_id = $2 AND task_key = ANY($3) AND state = 'pending'
+    RETURNING id, run_id, task_key, attempt, fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, 'cancel_pending', 'pending', 'cancelled', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM moved ORDER BY id
+)
+SELECT task_key FROM moved ORDER BY id"
+);
+
+/// cancel_waiting: every waiting forward row of the run
+/// (`taskrun_active_idx`), each by its own edge; a row that changed since
+/// it was read is skipped. `$1` offset, `$2` run.
+pub const CANCEL_WAITING: &str = concat!(
+    "WITH waiting AS (
+    SELECT id, state AS from_state FROM task_run
+    WHERE run_id = $2 AND state IN ('pending', 'ready', 'retrying') AND compensate_for IS NULL
+), moved AS (
+    UPDATE task_run AS tr
+    SET state = 'cancelled', cancel_reason = 'user', finished_at = ",
+    now!(),
+    ", retry_at = NULL
+    FROM waiting AS w
+    WHERE tr.id = w.id AND tr.state = w.from_state
+    RETURNING tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, w.from_state
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key,
+           CASE from_state WHEN 'pending' THEN 'cancel_pending' WHEN 'ready' THEN 'cancel_ready'
+                           ELSE 'cancel_retrying' END,
+           from_state, 'cancelled', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL
+    FROM moved ORDER BY id
+)
+SELECT task_key FROM moved ORDER BY id"
+);
+
+/// tally: the forward task runs of the run by state and cancel reason
+/// (`uniq_taskrun_run_key`). `$1` run.
+pub const TALLY: &str = "\
+SELECT state, cancel_reason, count(*) AS n, bool_or(started_at IS NOT NULL) AS any_started
+FROM task_run WHERE run_id = $1 AND compensate_for IS NULL
+GROUP BY state, cancel_reason";
+
+/// activity: whether a forward row is still active (`taskrun_active_idx`:
+/// an index probe, not a scan of the run) and whether any row started;
+/// `$2` is true when the run is no longer pending, which already says so
+/// (a run moves to running only once something started), so the scan for
+/// `started_at` runs only in a pending run. `$1` run.
+pub const ACTIVITY: &str = concat!("SELECT ", activity_columns!("$1", "$2"));
+
+/// succeeded_keys (`uniq_taskrun_run_key`). `$1` run.
+pub const SUCCEEDED_KEYS: &str =
+    "SELECT task_key FROM task_run WHERE run_id = $1 AND compensate_for IS NULL AND state = 'succeeded'";
+
+/// compensator_states (`uniq_taskrun_run_key`). `$1` run.
+pub const COMPENSATOR_STATES: &str =
+    "SELECT task_key, state FROM task_run WHERE run_id = $1 AND compensate_for IS NOT NULL ORDER BY id";
+
+/// create_compensator: the compensator row, ready, with its outbox row;
+/// nothing when it exists. `$1` offset, `$2` run, `$3`
+/// workflow, `$4` key, `$5` compensated key.
+pub const CREATE_COMPENSATOR: &str = concat!(
+    "WITH known AS (
+    SELECT t.key, t.task_type FROM task AS t
+    WHERE t.workflow_id = $3 AND t.key = $4 AND t.compensate_for = $5
+), created AS (
+    INSERT INTO task_run (run_id, task_key, compensate_for, state, pending_deps, created_at)
+    SELECT $2, k.key, $5, 'ready', 0, ",
+    now!(),
+    " FROM known AS k
+    ON CONFLICT ON CONSTRAINT uniq_taskrun_run_key DO NOTHING
+    RETURNING id, run_id, task_key, fencing_token
+), dispatched AS (
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    SELECT c.id, c.run_id, c.task_key, k.task_type, c.fencing_token, ",
+    now!(),
+    "
+    FROM created AS c, known AS k
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM known) > 0 AS known, (SELECT count(*) FROM created) > 0 AS created, ",
+    any_row!("dispatched"),
+    " AS woke"
+);
+
+/// transition_run: a WorkflowRun edge conditional on the stored state,
+/// with its event; a terminal edge clears the run's leftover flags and
+/// wakes the waiters of settled runs. `$1` offset, `$2` run,
+/// `$3` source, `$4` target, `$5` edge, `$6` whether the target is terminal.
+pub const TRANSITION_RUN: &str = concat!(
+    "WITH moved AS (
+    UPDATE workflow_run
+    SET state = $4,
+        started_at = CASE WHEN $5 = 'start' THEN ",
+    now!(),
+    " ELSE started_at END,
+        finished_at = CASE WHEN $6 THEN ",
+    now!(),
+    " ELSE finished_at END,
+        needs_pass = needs_pass AND NOT $6
+    WHERE id = $2 AND state = $3
+    RETURNING id
+), event AS (
+    INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at)
+    SELECT id, $5, $3, $4, ",
+    now!(),
+    " FROM moved
+), unflagged AS (
+    UPDATE task_run SET needs_pass = false
+    WHERE run_id = $2 AND needs_pass AND $6 AND EXISTS (SELECT 1 FROM moved)
+)
+SELECT (SELECT count(*) FROM moved) > 0 AS moved,
+       (SELECT count(*) FROM moved WHERE $6) > 0 AS woke"
+);

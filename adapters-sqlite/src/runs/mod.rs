@@ -1,0 +1,579 @@
+//! Runs and task runs: the transition protocol of spec 000 over SQLite.
+//!
+//! Every transition is one conditional UPDATE (`WHERE id = ? AND state = ?`
+//! and, for lease-spending edges, `AND fencing_token = ?`) with `RETURNING`,
+//! and its event row is written by the next statement of the same call only
+//! when the UPDATE matched (`changes() = 1`): SQLite has no data-modifying
+//! CTEs, so the pair is two statements under one write lock, sent as one
+//! call from `BEGIN IMMEDIATE` to `COMMIT`.
+
+use std::time::Duration;
+
+use flowforge_domain::{RunState, TaskRunState, TaskTransition, initial_task_run_state};
+use flowforge_ports::store::resolve_generic_transition;
+use flowforge_ports::{
+    CancelOutcome, Claim, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore, RunSummary, Scope,
+    TaskInputs, TaskOutcome, TaskRunId, TaskRunView, Topic, TransitionError, WorkerId, WorkflowId, store,
+};
+use serde_json::{Map, Value};
+use sqlx::Row;
+
+use crate::convert::{
+    col, decode, duration_ms, json, name, opt_name, opt_time, run_id, run_key, scope_key, time, u32_of,
+};
+use crate::error::{DecodeError, store_error};
+use crate::notify::SqliteNotifier;
+use crate::pass::SqlitePass;
+use crate::store::{SqliteStore, lock, padded, sql, tagged};
+
+pub(crate) mod sql;
+
+use sql::*;
+
+#[derive(Debug, sqlx::FromRow)]
+struct SummaryRow {
+    id: String,
+    workflow_id: i64,
+    name: String,
+    version: i64,
+    state: String,
+    cancel_requested: bool,
+    created_at: i64,
+    started_at: Option<i64>,
+    finished_at: Option<i64>,
+}
+
+impl SummaryRow {
+    fn into_summary(self) -> Result<RunSummary, DecodeError> {
+        Ok(RunSummary {
+            id: run_id(&self.id)?,
+            workflow_id: WorkflowId(self.workflow_id),
+            workflow: self.name,
+            version: u32_of("workflow.version", self.version)?,
+            state: name("workflow_run.state", &self.state)?,
+            cancel_requested: self.cancel_requested,
+            created_at: time("workflow_run.created_at", self.created_at)?,
+            started_at: opt_time("workflow_run.started_at", self.started_at)?,
+            finished_at: opt_time("workflow_run.finished_at", self.finished_at)?,
+        })
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct TaskRunRow {
+    id: i64,
+    task_key: String,
+    compensate_for: Option<String>,
+    state: String,
+    attempt: i64,
+    fencing_token: i64,
+    cancel_reason: Option<String>,
+    result: Option<String>,
+    error: Option<String>,
+    started_at: Option<i64>,
+    finished_at: Option<i64>,
+    retry_at: Option<i64>,
+    lease_owner: Option<String>,
+    created_at: i64,
+}
+
+impl TaskRunRow {
+    fn into_view(self) -> Result<TaskRunView, DecodeError> {
+        Ok(TaskRunView {
+            id: TaskRunId(self.id),
+            key: self.task_key,
+            compensate_for: self.compensate_for,
+            state: name("task_run.state", &self.state)?,
+            attempt: u32_of("task_run.attempt", self.attempt)?,
+            token: self.fencing_token,
+            cancel_reason: opt_name("task_run.cancel_reason", self.cancel_reason.as_deref())?,
+            output: self.result.as_deref().map(|r| json("task_run.result", r)).transpose()?,
+            error: self.error,
+            started_at: opt_time("task_run.started_at", self.started_at)?,
+            finished_at: opt_time("task_run.finished_at", self.finished_at)?,
+            retry_at: opt_time("task_run.retry_at", self.retry_at)?,
+            lease_owner: self.lease_owner,
+            created_at: time("task_run.created_at", self.created_at)?,
+        })
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct EventRow {
+    task: Option<String>,
+    transition: String,
+    from_state: Option<String>,
+    to_state: Option<String>,
+    attempt: Option<i64>,
+    token: Option<i64>,
+    worker: Option<String>,
+    at: i64,
+    error: Option<String>,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct ClaimRow {
+    run_id: String,
+    task_key: String,
+    compensate_for: Option<String>,
+    attempt: i64,
+    fencing_token: i64,
+    lease_expires_at: i64,
+    needs_pass: bool,
+    workflow_id: i64,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct ExpiredRow {
+    id: i64,
+    run_id: String,
+    task_key: String,
+    attempt: i64,
+    fencing_token: i64,
+    lease_expires_at: i64,
+}
+
+impl RunStore for SqliteStore {
+    type Pass = SqlitePass;
+    type Notifier = SqliteNotifier;
+
+    async fn start_run(&self, workflow: WorkflowId, input: Value) -> Result<RunId, store::Error> {
+        let run = RunId(uuid::Uuid::now_v7());
+        let key = run_key(run);
+        let input =
+            serde_json::to_string(&input).map_err(|e| store::Error::Other(format!("cannot encode input: {e}")))?;
+        let tasks = {
+            let mut reader = self.inner.read().await?;
+            let rows = reader.call(sql(START_TASKS).bind(workflow.0)).await?;
+            if rows.is_empty() {
+                let exists = reader
+                    .call(sql("SELECT id FROM workflow WHERE id = ?1").bind(workflow.0))
+                    .await?;
+                return Err(if exists.is_empty() {
+                    store::Error::Other(format!("no workflow definition with id {workflow}"))
+                } else {
+                    store::Error::Corrupt(format!("workflow {workflow} has no forward task rows"))
+                });
+            }
+            rows
+        };
+        let mut rows = Vec::with_capacity(tasks.len());
+        for row in &tasks {
+            let task: String = col(row, 0)?;
+            let deps: i64 = col(row, 1)?;
+            let count = usize::try_from(deps).map_err(|_| {
+                store::Error::Corrupt(format!("task '{task}' of workflow {workflow} has {deps} dependencies"))
+            })?;
+            rows.push(serde_json::json!({
+                "k": task,
+                "s": initial_task_run_state(count).as_str(),
+                "d": deps,
+            }));
+        }
+        let rows = serde_json::to_string(&rows).map_err(|e| store::Error::Other(e.to_string()))?;
+        let offset = self.inner.offset();
+        let dispatched = self
+            .inner
+            .write()
+            .await?
+            .call(padded(
+                sql(START_CALL)
+                    .bind(offset)
+                    .bind(&key)
+                    .bind(workflow.0)
+                    .bind(input.clone())
+                    .bind(rows),
+            ))
+            .await?;
+        lock(&self.inner.inputs).input(run, &input);
+        if !dispatched.is_empty() {
+            self.inner.wakeups.wake(Topic::Publisher);
+        }
+        Ok(run)
+    }
+
+    async fn request_cancel(&self, run: RunId) -> Result<Option<CancelOutcome>, store::Error> {
+        let key = run_key(run);
+        let offset = self.inner.offset();
+        let rows = self
+            .inner
+            .write()
+            .await?
+            .call(padded(sql(REQUEST_CANCEL).bind(offset).bind(&key)))
+            .await?;
+        // The UPDATE applied exactly when the run read here was pending or
+        // running without a request.
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let state: String = col(row, 0)?;
+        let requested: bool = col(row, 1)?;
+        let state: RunState = name("workflow_run.state", &state)?;
+        if state.is_terminal() {
+            return Ok(Some(CancelOutcome::AlreadyFinished(state)));
+        }
+        if requested {
+            return Ok(Some(CancelOutcome::AlreadyRequested));
+        }
+        self.inner.wakeups.wake(Topic::Scheduler);
+        Ok(Some(CancelOutcome::Requested))
+    }
+
+    async fn claim_task_run(
+        &self,
+        id: TaskRunId,
+        token: i64,
+        worker: &WorkerId,
+        lease: Duration,
+    ) -> Result<Option<Claim>, store::Error> {
+        let offset = self.inner.offset();
+        // `started_at IS NULL` in SET reads the old row: the first start of
+        // a task while its run is still pending flags the run's pass, which
+        // moves the run to running.
+        let rows = self
+            .inner
+            .write()
+            .await?
+            .call(padded(
+                sql(CLAIM_CALL)
+                    .bind(offset)
+                    .bind(id.0)
+                    .bind(token)
+                    .bind(&worker.0)
+                    .bind(duration_ms(lease)),
+            ))
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let row: ClaimRow = decode(row)?;
+        if row.needs_pass {
+            self.inner.wakeups.wake(Topic::Scheduler);
+        }
+        Ok(Some(Claim {
+            task_run_id: id,
+            run_id: run_id(&row.run_id)?,
+            workflow_id: WorkflowId(row.workflow_id),
+            task_key: row.task_key,
+            compensate_for: row.compensate_for,
+            attempt: u32_of("task_run.attempt", row.attempt)?,
+            token: row.fencing_token,
+            lease_expires_at: time("task_run.lease_expires_at", row.lease_expires_at)?,
+        }))
+    }
+
+    async fn task_inputs(&self, run: RunId, keys: &[String]) -> Result<TaskInputs, store::Error> {
+        let cached = lock(&self.inner.inputs).get(run, keys);
+        if let Some((input, outputs)) = cached {
+            let mut map = Map::new();
+            for (task, output) in outputs {
+                map.insert(task, json("task_run.result", &output)?);
+            }
+            return Ok(TaskInputs {
+                run_input: json("workflow_run.input", &input)?,
+                outputs: map,
+            });
+        }
+        let key = run_key(run);
+        let wanted = serde_json::to_string(keys).map_err(|e| store::Error::Other(e.to_string()))?;
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(sql(TASK_INPUTS).bind(&key).bind(&wanted))
+            .await?;
+        let mut input = None;
+        let mut map = Map::new();
+        let mut cache = lock(&self.inner.inputs);
+        for row in &rows {
+            let value: String = col(row, 1)?;
+            if col::<i64>(row, 0)? == 0 {
+                input = Some(json("workflow_run.input", &value)?);
+                cache.input(run, &value);
+            } else {
+                let task: String = col(row, 2)?;
+                cache.output(run, &task, col(row, 3)?, &value);
+                map.insert(task, json("task_run.result", &value)?);
+            }
+        }
+        drop(cache);
+        let Some(run_input) = input else {
+            return Err(store::Error::Other(format!("no run with id {run}")));
+        };
+        Ok(TaskInputs {
+            run_input,
+            outputs: map,
+        })
+    }
+
+    async fn renew_lease(&self, id: TaskRunId, token: i64, lease: Duration) -> Result<LeaseStatus, store::Error> {
+        let offset = self.inner.offset();
+        let rows = self
+            .inner
+            .write()
+            .await?
+            .call(padded(
+                sql(RENEW).bind(offset).bind(id.0).bind(token).bind(duration_ms(lease)),
+            ))
+            .await?;
+        Ok(match rows.first() {
+            Some(row) => LeaseStatus::Held {
+                cancel_requested: col(row, 0)?,
+            },
+            None => LeaseStatus::Lost,
+        })
+    }
+
+    async fn finish_task_run(
+        &self,
+        id: TaskRunId,
+        token: i64,
+        worker: &WorkerId,
+        outcome: TaskOutcome,
+    ) -> Result<FinishResult, store::Error> {
+        let offset = self.inner.offset();
+        let base = |text: &'static str| sql(text).bind(offset).bind(id.0).bind(token).bind(worker.0.clone());
+        let mut stored = None;
+        let (query, rests_in) = match outcome {
+            TaskOutcome::Succeeded { output } => {
+                let output = serde_json::to_string(&output)
+                    .map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;
+                stored = Some(output.clone());
+                (base(FINISH_SUCCEEDED).bind(output), TaskRunState::Succeeded)
+            }
+            TaskOutcome::Failed { error, retry_in: None } => (base(FINISH_FAILED).bind(error), TaskRunState::Failed),
+            TaskOutcome::Failed {
+                error,
+                retry_in: Some(delay),
+            } => (
+                base(FINISH_RETRY).bind(error).bind(duration_ms(delay)),
+                TaskRunState::Retrying,
+            ),
+            TaskOutcome::Cancelled => (base(FINISH_CANCELLED), TaskRunState::Cancelled),
+        };
+        let rows = self.inner.write().await?.call(padded(query)).await?;
+        if let (Some(output), Some(row)) = (stored, rows.first()) {
+            // Succeeded is terminal: this is the output every later read finds.
+            let run = run_id(&col::<String>(row, 0)?)?;
+            lock(&self.inner.inputs).output(run, &col::<String>(row, 1)?, id.0, &output);
+        }
+        if rows.is_empty() {
+            // Not a transition, but an audit fact (decision 7), written by
+            // the same call: which worker presented which token, and where
+            // the row really was.
+            return Ok(FinishResult::Stale);
+        }
+        // A retry also wakes the scheduler, whose next deadline may now be
+        // this row's retry_at.
+        self.inner.wakeups.wake(Topic::Scheduler);
+        Ok(FinishResult::Recorded(rests_in))
+    }
+
+    async fn transition_task_run(
+        &self,
+        id: TaskRunId,
+        from: TaskRunState,
+        to: TaskRunState,
+    ) -> Result<bool, TransitionError> {
+        // The caller contract of spec 000: refuse before any I/O.
+        let edge = resolve_generic_transition(from, to)?;
+        let offset = self.inner.offset();
+        let (text, makes_ready): (&'static str, bool) = match edge {
+            TaskTransition::DependenciesSatisfied => (GENERIC_SATISFIED, true),
+            TaskTransition::RetryReady => (GENERIC_RETRY_READY, true),
+            TaskTransition::CancelPending | TaskTransition::CancelReady | TaskTransition::CancelRetrying => {
+                (GENERIC_CANCEL, false)
+            }
+            other => {
+                return Err(TransitionError::Store(store::Error::Other(format!(
+                    "transition '{other}' has no generic implementation"
+                ))));
+            }
+        };
+        let rows = self
+            .inner
+            .write()
+            .await?
+            .call(padded(
+                sql(text)
+                    .bind(offset)
+                    .bind(id.0)
+                    .bind(from.as_str())
+                    .bind(edge.as_str())
+                    .bind(to.as_str()),
+            ))
+            .await?;
+        if rows.is_empty() {
+            return Ok(false);
+        }
+        self.inner.wakeups.wake(if makes_ready {
+            Topic::Publisher
+        } else {
+            Topic::Scheduler
+        });
+        Ok(true)
+    }
+
+    async fn reap_expired_leases(&self, scope: Scope, limit: u32) -> Result<Vec<Reaped>, store::Error> {
+        // Read first, off the writer: almost always nothing has expired,
+        // and then the reaper costs one read and never takes the write lock.
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(
+                sql(EXPIRED_LEASES)
+                    .bind(self.inner.offset())
+                    .bind(scope_key(&scope))
+                    .bind(i64::from(limit)),
+            )
+            .await?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let expired = rows.iter().map(decode::<ExpiredRow>).collect::<Result<Vec<_>, _>>()?;
+        let batch: Vec<Value> = expired
+            .iter()
+            .map(|r| serde_json::json!({ "i": r.id, "t": r.fencing_token, "x": r.lease_expires_at }))
+            .collect();
+        let batch = serde_json::to_string(&batch).map_err(|e| store::Error::Other(e.to_string()))?;
+        const FINAL: &str = "lease expired on the final attempt";
+        let offset = self.inner.offset();
+        // Each row is re-checked under the write lock (decision 2): a row a
+        // worker finished, renewed or another reaper took meanwhile is left
+        // alone.
+        let done = self
+            .inner
+            .write()
+            .await?
+            .call(padded(sql(REAP_CALL).bind(offset).bind(batch).bind(FINAL)))
+            .await?;
+        let mut outcome = std::collections::HashMap::with_capacity(done.len());
+        for row in &done {
+            outcome.insert(col::<i64>(row, 0)?, col::<String>(row, 1)?);
+        }
+        let mut reaped = Vec::with_capacity(outcome.len());
+        let mut dispatched = false;
+        for row in expired {
+            let Some(state) = outcome.get(&row.id) else {
+                continue;
+            };
+            let (transition, cancelled) = match state.as_str() {
+                "cancelled" => (TaskTransition::ReapLease, true),
+                "ready" => {
+                    dispatched = true;
+                    (TaskTransition::ReapLease, false)
+                }
+                _ => (TaskTransition::ReapLeaseFinal, false),
+            };
+            reaped.push(Reaped {
+                task_run_id: TaskRunId(row.id),
+                run_id: run_id(&row.run_id)?,
+                task_key: row.task_key,
+                transition,
+                cancelled,
+                attempt: u32::try_from(row.attempt).unwrap_or(u32::MAX),
+                token: row.fencing_token,
+            });
+        }
+        if reaped.is_empty() {
+            return Ok(reaped);
+        }
+        self.inner.wakeups.wake(Topic::Scheduler);
+        if dispatched {
+            self.inner.wakeups.wake(Topic::Publisher);
+        }
+        Ok(reaped)
+    }
+
+    async fn runs_with_work(&self, scope: Scope, limit: u32) -> Result<Vec<RunId>, store::Error> {
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(
+                sql(RUNS_WITH_WORK)
+                    .bind(self.inner.offset())
+                    .bind(scope_key(&scope))
+                    .bind(i64::from(limit)),
+            )
+            .await?;
+        rows.iter()
+            .map(|r| run_id(&col::<String>(r, 0)?).map_err(store::Error::from))
+            .collect()
+    }
+
+    async fn next_deadline(&self, scope: Scope) -> Result<Option<Duration>, store::Error> {
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(sql(NEXT_DEADLINE).bind(self.inner.offset()).bind(scope_key(&scope)))
+            .await?;
+        let wait: Option<i64> = match rows.first() {
+            Some(row) => col(row, 0)?,
+            None => None,
+        };
+        Ok(wait.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
+    }
+
+    async fn begin_pass(&self, run: RunId) -> Result<Option<SqlitePass>, store::Error> {
+        SqlitePass::begin(self.inner.clone(), run).await
+    }
+
+    async fn get_run(&self, run: RunId) -> Result<Option<RunDetail>, store::Error> {
+        let key = run_key(run);
+        // One read transaction: a consistent snapshot of run, tasks and history.
+        let rows = self.inner.read().await?.call(padded(sql(GET_RUN).bind(&key))).await?;
+        let Some(first) = tagged(&rows, 0).next() else {
+            return Ok(None);
+        };
+        let summary_row: SummaryRow = decode(first)?;
+        let fingerprint: String = first.try_get("fingerprint").map_err(store_error)?;
+        let input: String = first.try_get("input").map_err(store_error)?;
+        let tasks = tagged(&rows, 1)
+            .map(|r| Ok(decode::<TaskRunRow>(r)?.into_view()?))
+            .collect::<Result<Vec<_>, store::Error>>()?;
+        // Merged in SQL in commit order: both tables share one id sequence
+        // (see `next_event_id!`).
+        let events = tagged(&rows, 2)
+            .map(|r| {
+                let e: EventRow = decode(r)?;
+                Ok(EventView {
+                    task: e.task,
+                    transition: e.transition,
+                    from: e.from_state,
+                    to: e.to_state,
+                    attempt: e.attempt.map(|a| u32_of("task_run_event.attempt", a)).transpose()?,
+                    token: e.token,
+                    worker: e.worker,
+                    at: time("event.at", e.at)?,
+                    error: e.error,
+                })
+            })
+            .collect::<Result<Vec<_>, store::Error>>()?;
+        Ok(Some(RunDetail {
+            summary: summary_row.into_summary()?,
+            fingerprint,
+            input: json("workflow_run.input", &input)?,
+            tasks,
+            events,
+        }))
+    }
+
+    async fn list_runs(&self, limit: u32) -> Result<Vec<RunSummary>, store::Error> {
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(sql(LIST_RUNS).bind(i64::from(limit)))
+            .await?;
+        rows.iter()
+            .map(|r| Ok(decode::<SummaryRow>(r)?.into_summary()?))
+            .collect()
+    }
+
+    async fn notifier(&self) -> Result<SqliteNotifier, store::Error> {
+        Ok(SqliteNotifier::new(self.inner.wakeups.clone()))
+    }
+}

@@ -1,0 +1,385 @@
+//! The SQL of the run store: each transition's conditional UPDATE and its
+//! event row, sent as one `BEGIN IMMEDIATE … COMMIT` call.
+
+macro_rules! summary_columns {
+    () => {
+        "r.id, r.workflow_id, w.name, w.version, r.state, r.cancel_requested_at IS NOT NULL AS cancel_requested, \
+         r.created_at, r.started_at, r.finished_at"
+    };
+}
+
+/// claim_task_run: ready → running at the dispatch's token (primary key).
+/// `?2` id, `?3` token, `?4` worker, `?5` lease in ms.
+macro_rules! claim_update {
+    () => {
+        concat!(
+            "UPDATE task_run SET state = 'running', fencing_token = fencing_token + 1, lease_owner = ?4, \
+             lease_expires_at = ",
+            now!(),
+            " + ?5, started_at = COALESCE(started_at, ",
+            now!(),
+            "), needs_pass = CASE WHEN needs_pass = 1 OR (started_at IS NULL AND \
+             (SELECT r.state FROM workflow_run r WHERE r.id = task_run.run_id) = 'pending') THEN 1 ELSE 0 END \
+             WHERE id = ?2 AND state = 'ready' AND fencing_token = ?3 \
+             AND (compensate_for IS NOT NULL \
+                  OR (SELECT r.cancel_requested_at FROM workflow_run r WHERE r.id = task_run.run_id) IS NULL) \
+             RETURNING run_id, task_key, compensate_for, attempt, fencing_token, lease_expires_at, needs_pass, \
+             (SELECT r.workflow_id FROM workflow_run r WHERE r.id = task_run.run_id) AS workflow_id"
+        )
+    };
+}
+
+/// The claim's UPDATE alone (its plan is checked in `plans.rs`).
+#[cfg(test)]
+pub(crate) const CLAIM: &str = claim_update!();
+
+/// claim_task_run in one call: the UPDATE, then its event when it matched.
+pub(crate) const CLAIM_CALL: &str = concat!(
+    "BEGIN IMMEDIATE; ",
+    claim_update!(),
+    "; ",
+    event_if_changed!("claim", "ready", "running", "?4", "NULL"),
+    "; COMMIT"
+);
+
+/// finish_task_run, `succeed`: `?2` id, `?3` token, `?4` worker, `?5` output.
+pub(crate) const FINISH_SUCCEEDED: &str = concat!(
+    "BEGIN IMMEDIATE; \
+     UPDATE task_run SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL, finished_at = ",
+    now!(),
+    ", result = ?5, needs_pass = 1 WHERE id = ?2 AND state = 'running' AND fencing_token = ?3 \
+     RETURNING run_id, task_key; ",
+    event_if_changed!("succeed", "running", "succeeded", "?4", "NULL"),
+    "; ",
+    stale_audit!("succeed"),
+    "; COMMIT"
+);
+
+/// finish_task_run, `fail` for good: `?5` the error.
+pub(crate) const FINISH_FAILED: &str = concat!(
+    "BEGIN IMMEDIATE; \
+     UPDATE task_run SET state = 'failed', lease_owner = NULL, lease_expires_at = NULL, finished_at = ",
+    now!(),
+    ", error = ?5, needs_pass = 1 WHERE id = ?2 AND state = 'running' AND fencing_token = ?3 RETURNING id; ",
+    event_if_changed!("fail", "running", "failed", "?4", "?5"),
+    "; ",
+    stale_audit!("fail"),
+    "; COMMIT"
+);
+
+/// finish_task_run, `fail` then `schedule_retry` in one UPDATE (decision
+/// 1): the row never rests in failed, so a resting failed row means failed
+/// for good. The scheduler need not look: the retry's due time brings it
+/// back. Both events, in order: `fail` at the attempt that failed, then
+/// `schedule_retry` at the next one; the audit then sees `changes() = 2`.
+/// `?5` the error, `?6` the delay in ms.
+pub(crate) const FINISH_RETRY: &str = concat!(
+    "BEGIN IMMEDIATE; \
+     UPDATE task_run SET state = 'retrying', attempt = attempt + 1, retry_at = ",
+    now!(),
+    " + ?6, lease_owner = NULL, lease_expires_at = NULL, finished_at = NULL, error = ?5 \
+     WHERE id = ?2 AND state = 'running' AND fencing_token = ?3 RETURNING id; ",
+    event_insert!(),
+    "SELECT ",
+    next_event_id!(),
+    " + e.seq, id, run_id, task_key, e.transition, e.from_state, e.to_state, attempt - e.back, fencing_token, \
+     e.worker, ",
+    now!(),
+    ", e.error FROM task_run, (\
+     SELECT 1 AS seq, 'fail' AS transition, 'running' AS from_state, 'failed' AS to_state, 1 AS back, \
+     ?4 AS worker, ?5 AS error \
+     UNION ALL SELECT 2, 'schedule_retry', 'failed', 'retrying', 0, NULL, NULL) AS e \
+     WHERE task_run.id = ?2 AND changes() = 1 ORDER BY e.seq; ",
+    stale_audit!("fail"),
+    "; COMMIT"
+);
+
+/// finish_task_run, `cancel_running` (reason `user`).
+pub(crate) const FINISH_CANCELLED: &str = concat!(
+    "BEGIN IMMEDIATE; \
+     UPDATE task_run SET state = 'cancelled', cancel_reason = 'user', lease_owner = NULL, \
+     lease_expires_at = NULL, finished_at = ",
+    now!(),
+    ", needs_pass = 1 WHERE id = ?2 AND state = 'running' AND fencing_token = ?3 RETURNING id; ",
+    event_if_changed!("cancel_running", "running", "cancelled", "?4", "NULL"),
+    "; ",
+    stale_audit!("cancel_running"),
+    "; COMMIT"
+);
+
+/// renew_lease: `?2` id, `?3` token, `?4` lease in ms.
+pub(crate) const RENEW: &str = concat!(
+    "BEGIN IMMEDIATE; UPDATE task_run SET lease_expires_at = ",
+    now!(),
+    " + ?4 WHERE id = ?2 AND state = 'running' AND fencing_token = ?3 \
+     RETURNING compensate_for IS NULL \
+       AND (SELECT r.cancel_requested_at IS NOT NULL FROM workflow_run r WHERE r.id = task_run.run_id); \
+     COMMIT"
+);
+
+/// request_cancel: the run as it was, then the request when it applies
+/// (the UPDATE restates exactly the conditions the caller reads). `?2` run.
+pub(crate) const REQUEST_CANCEL: &str = concat!(
+    "BEGIN IMMEDIATE; \
+     SELECT state, cancel_requested_at IS NOT NULL FROM workflow_run WHERE id = ?2; \
+     UPDATE workflow_run SET cancel_requested_at = ",
+    now!(),
+    ", needs_pass = 1 WHERE id = ?2 AND cancel_requested_at IS NULL AND state IN ('pending', 'running'); \
+     COMMIT"
+);
+
+/// The event of a generic transition: `?3` from, `?4` transition, `?5` to.
+macro_rules! generic_event {
+    () => {
+        concat!(
+            event_insert!(),
+            "SELECT ",
+            next_event_id!(),
+            " + 1, id, run_id, task_key, ?4, ?3, ?5, attempt, fencing_token, NULL, ",
+            now!(),
+            ", NULL FROM task_run WHERE id = ?2 AND changes() = 1"
+        )
+    };
+}
+
+/// The outbox row of task run `?2` after the event insert before it wrote
+/// one row (decision 9).
+macro_rules! dispatch_if_changed {
+    () => {
+        concat!(
+            "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+             SELECT tr.id, tr.run_id, tr.task_key, ",
+            task_type_of!("tr"),
+            ", tr.fencing_token, ",
+            now!(),
+            " FROM task_run tr WHERE tr.id = ?2 AND changes() = 1"
+        )
+    };
+}
+
+/// transition_task_run, `dependencies_satisfied`.
+pub(crate) const GENERIC_SATISFIED: &str = concat!(
+    "BEGIN IMMEDIATE; \
+     UPDATE task_run SET state = 'ready', pending_deps = 0 WHERE id = ?2 AND state = 'pending' RETURNING id; ",
+    generic_event!(),
+    "; ",
+    dispatch_if_changed!(),
+    "; COMMIT"
+);
+
+/// transition_task_run, `retry_ready`.
+pub(crate) const GENERIC_RETRY_READY: &str = concat!(
+    "BEGIN IMMEDIATE; \
+     UPDATE task_run SET state = 'ready', retry_at = NULL WHERE id = ?2 AND state = 'retrying' RETURNING id; ",
+    generic_event!(),
+    "; ",
+    dispatch_if_changed!(),
+    "; COMMIT"
+);
+
+/// transition_task_run, the user's cancels of a waiting row.
+pub(crate) const GENERIC_CANCEL: &str = concat!(
+    "BEGIN IMMEDIATE; \
+     UPDATE task_run SET state = 'cancelled', cancel_reason = 'user', retry_at = NULL, finished_at = ",
+    now!(),
+    ", needs_pass = 1 WHERE id = ?2 AND state = ?3 RETURNING id; ",
+    generic_event!(),
+    "; COMMIT"
+);
+
+/// start_run: the forward tasks of a definition (immutable once
+/// published, so read outside the write).
+pub(super) const START_TASKS: &str = "SELECT key, json_array_length(depends_on) FROM task \
+     WHERE workflow_id = ?1 AND compensate_for IS NULL ORDER BY position";
+
+/// start_run in one call: `?2` run, `?3` workflow, `?4` input, `?5` the
+/// task rows; returns one row per dispatch written.
+pub(crate) const START_CALL: &str = concat!(
+    "BEGIN IMMEDIATE; \
+     INSERT INTO workflow_run (id, workflow_id, state, input, created_at) VALUES (?2, ?3, 'pending', ?4, ",
+    now!(),
+    "); \
+     INSERT INTO task_run (run_id, task_key, state, pending_deps, created_at) \
+     SELECT ?2, j.value ->> 'k', j.value ->> 's', j.value ->> 'd', ",
+    now!(),
+    " FROM json_each(?5) AS j ORDER BY j.key; \
+     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+     SELECT tr.id, tr.run_id, tr.task_key, t.task_type, tr.fencing_token, ",
+    now!(),
+    " FROM task_run tr JOIN task t ON t.workflow_id = ?3 AND t.key = tr.task_key \
+     WHERE tr.run_id = ?2 AND tr.state IN ('pending', 'ready', 'running', 'retrying') AND tr.state = 'ready' \
+     ORDER BY tr.id RETURNING task_run_id; \
+     COMMIT"
+);
+
+/// reap_expired_leases: the expired leases (`taskrun_lease_expiry_idx`),
+/// read outside the write; the write re-checks each row.
+pub(crate) const EXPIRED_LEASES: &str = concat!(
+    "SELECT tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.lease_expires_at \
+             FROM task_run tr \
+             JOIN workflow_run r ON r.id = tr.run_id \
+             JOIN task t ON t.workflow_id = r.workflow_id AND t.key = tr.task_key \
+             WHERE tr.state = 'running' AND tr.lease_expires_at < ",
+    now!(),
+    " AND (?2 IS NULL OR tr.run_id IN (SELECT value FROM json_each(?2))) ORDER BY tr.lease_expires_at, tr.id LIMIT ?3"
+);
+
+/// The rows of the reap batch `?2` (`[{i: id, t: token, x: expiry}]`)
+/// still running at the token and expiry the read saw: not finished,
+/// renewed or reaped since. Time-free, so every statement of the call sees
+/// the same rows.
+macro_rules! reapable {
+    ($row:literal) => {
+        concat!(
+            $row,
+            ".id IN (SELECT j.value ->> 'i' FROM json_each(?2) AS j) AND ",
+            $row,
+            ".state = 'running' AND EXISTS (SELECT 1 FROM json_each(?2) AS j WHERE j.value ->> 'i' = ",
+            $row,
+            ".id AND j.value ->> 't' = ",
+            $row,
+            ".fencing_token AND j.value ->> 'x' = ",
+            $row,
+            ".lease_expires_at)"
+        )
+    };
+}
+
+/// What the reaper does to a row, decided on the data under the write lock
+/// (decision 2): `c` reap then cancel (a forward task of a cancel-requested
+/// run), `r` reap and re-dispatch (attempts left), `f` fail for good.
+macro_rules! reap_kind {
+    ($row:literal) => {
+        concat!(
+            "(CASE WHEN ",
+            $row,
+            ".compensate_for IS NULL AND (SELECT r.cancel_requested_at FROM workflow_run r WHERE r.id = ",
+            $row,
+            ".run_id) IS NOT NULL THEN 'c' WHEN ",
+            $row,
+            ".attempt < (SELECT t.max_attempts FROM task t WHERE t.workflow_id = (SELECT r.workflow_id \
+             FROM workflow_run r WHERE r.id = ",
+            $row,
+            ".run_id) AND t.key = ",
+            $row,
+            ".task_key) THEN 'r' ELSE 'f' END)"
+        )
+    };
+}
+
+/// reap_expired_leases in one call. The events and dispatches are written
+/// before the UPDATE, from the same rows, with the token and attempt the
+/// UPDATE gives them, in the order the rows were read. `?3` the final
+/// attempt's error.
+pub(crate) const REAP_CALL: &str = concat!(
+    "BEGIN IMMEDIATE; ",
+    event_insert!(),
+    "SELECT ",
+    next_event_id!(),
+    " + ROW_NUMBER() OVER (ORDER BY m.pos, e.seq), m.id, m.run_id, m.task_key, e.transition, e.from_state, \
+     e.to_state, m.attempt + e.bump, m.fencing_token + 1, CASE WHEN e.seq = 1 THEN m.lease_owner END, ",
+    now!(),
+    ", e.error FROM (SELECT tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.lease_owner, ",
+    reap_kind!("tr"),
+    " AS k, (SELECT j.key FROM json_each(?2) AS j WHERE j.value ->> 'i' = tr.id) AS pos \
+     FROM task_run tr WHERE ",
+    reapable!("tr"),
+    ") AS m JOIN (\
+     SELECT 'c' AS k, 1 AS seq, 'reap_lease' AS transition, 'running' AS from_state, 'ready' AS to_state, \
+     1 AS bump, 'lease expired' AS error \
+     UNION ALL SELECT 'c', 2, 'cancel_ready', 'ready', 'cancelled', 1, NULL \
+     UNION ALL SELECT 'r', 1, 'reap_lease', 'running', 'ready', 1, 'lease expired' \
+     UNION ALL SELECT 'f', 1, 'reap_lease_final', 'running', 'failed', 0, ?3) AS e ON e.k = m.k \
+     ORDER BY m.pos, e.seq; \
+     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+     SELECT m.id, m.run_id, m.task_key, m.task_type, m.fencing_token + 1, ",
+    now!(),
+    " FROM (SELECT tr.id, tr.run_id, tr.task_key, tr.fencing_token, ",
+    task_type_of!("tr"),
+    " AS task_type, ",
+    reap_kind!("tr"),
+    " AS k, (SELECT j.key FROM json_each(?2) AS j WHERE j.value ->> 'i' = tr.id) AS pos \
+     FROM task_run tr WHERE ",
+    reapable!("tr"),
+    ") AS m WHERE m.k = 'r' ORDER BY m.pos; \
+     UPDATE task_run SET state = CASE ",
+    reap_kind!("task_run"),
+    " WHEN 'c' THEN 'cancelled' WHEN 'r' THEN 'ready' ELSE 'failed' END, \
+     fencing_token = fencing_token + 1, \
+     attempt = attempt + (",
+    reap_kind!("task_run"),
+    " <> 'f'), lease_owner = NULL, lease_expires_at = NULL, \
+     cancel_reason = CASE ",
+    reap_kind!("task_run"),
+    " WHEN 'c' THEN 'user' ELSE cancel_reason END, \
+     finished_at = CASE WHEN ",
+    reap_kind!("task_run"),
+    " IN ('c', 'f') THEN ",
+    now!(),
+    " ELSE finished_at END, \
+     error = CASE ",
+    reap_kind!("task_run"),
+    " WHEN 'f' THEN ?3 ELSE error END, \
+     needs_pass = CASE WHEN ",
+    reap_kind!("task_run"),
+    " IN ('c', 'f') THEN 1 ELSE needs_pass END \
+     WHERE ",
+    reapable!("task_run"),
+    " RETURNING id, state; COMMIT"
+);
+
+/// runs_with_work: flagged rows, due retries, cancel requests (their
+/// partial indexes), among the runs not yet terminal, each looked up by
+/// primary key. CROSS JOIN fixes that order: left to itself, SQLite walks
+/// every run ever started in `created_at` order to skip the final sort,
+/// which costs history, not work.
+pub(crate) const RUNS_WITH_WORK: &str = concat!(
+    "SELECT w.run_id FROM (\
+             SELECT run_id FROM task_run WHERE needs_pass AND (?2 IS NULL OR run_id IN (SELECT value FROM json_each(?2))) \
+             UNION SELECT run_id FROM task_run WHERE state = 'retrying' AND retry_at <= ",
+    now!(),
+    " AND (?2 IS NULL OR run_id IN (SELECT value FROM json_each(?2))) \
+             UNION SELECT id FROM workflow_run WHERE needs_pass AND (?2 IS NULL OR id IN (SELECT value FROM json_each(?2)))\
+             ) AS w CROSS JOIN workflow_run r ON r.id = w.run_id \
+             WHERE r.state IN ('pending', 'running') ORDER BY r.created_at, r.id LIMIT ?3"
+);
+
+/// next_deadline: the earliest retry or lease end (the retry and lease indexes).
+pub(crate) const NEXT_DEADLINE: &str = concat!(
+    "SELECT MIN(d) - ",
+    now!(),
+    " FROM (\
+             SELECT MIN(retry_at) AS d FROM task_run WHERE state = 'retrying' AND (?2 IS NULL OR run_id IN (SELECT value FROM json_each(?2))) \
+             UNION ALL \
+             SELECT MIN(lease_expires_at) FROM task_run WHERE state = 'running' AND (?2 IS NULL OR run_id IN (SELECT value FROM json_each(?2))))"
+);
+
+/// task_inputs: the run input and the dependencies' outputs in ONE
+/// statement, so both come from one snapshot without a transaction.
+pub(crate) const TASK_INPUTS: &str = "SELECT 0 AS tag, input AS v, NULL AS k, 0 AS o FROM workflow_run WHERE id = ?1 \
+     UNION ALL \
+     SELECT 1, result, task_key, id FROM task_run WHERE run_id = ?1 AND state = 'succeeded' \
+     AND result IS NOT NULL AND task_key IN (SELECT value FROM json_each(?2)) ORDER BY 1, 4";
+
+/// get_run: run, task runs and history from one read transaction, in one call.
+pub(crate) const GET_RUN: &str = concat!(
+    "BEGIN; SELECT 0 AS tag, ",
+    summary_columns!(),
+    ", w.fingerprint, r.input FROM workflow_run r JOIN workflow w ON w.id = r.workflow_id WHERE r.id = ?1; \
+     SELECT 1 AS tag, id, task_key, compensate_for, state, attempt, fencing_token, cancel_reason, result, error, \
+     started_at, finished_at, retry_at, lease_owner, created_at FROM task_run WHERE run_id = ?1 ORDER BY id; \
+     SELECT 2 AS tag, task, transition, from_state, to_state, attempt, token, worker, at, error FROM (\
+     SELECT task_key AS task, transition, from_state, to_state, attempt, fencing_token AS token, worker, \
+     at, error, id FROM task_run_event WHERE run_id = ?1 \
+     UNION ALL \
+     SELECT NULL, transition, from_state, to_state, NULL, NULL, NULL, at, NULL, id \
+     FROM workflow_run_event WHERE run_id = ?1\
+     ) ORDER BY id; COMMIT"
+);
+
+/// list_runs: newest first.
+pub(super) const LIST_RUNS: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    " FROM workflow_run r JOIN workflow w ON w.id = r.workflow_id ORDER BY r.created_at DESC, r.id DESC LIMIT ?1"
+);

@@ -1,0 +1,208 @@
+//! The use cases every front end shares — publish, start, cancel, wait,
+//! report, list and close — so the CLI, the embedding facade and the HTTP
+//! API each go through one door per use case, over any store.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flowforge_domain::{RunState, WorkflowDefinition};
+use flowforge_ports::store::{CancelOutcome, Notifier, Published, Topic};
+use flowforge_ports::{RunId, RunSummary, Scope, Store, WorkflowId};
+use serde_json::Value;
+
+use crate::builtins::BUILTIN_TYPES;
+use crate::cache::DefinitionCache;
+use crate::error::Error;
+use crate::observers::Observers;
+use crate::report::RunReport;
+use crate::scheduler::{Scheduler, SchedulerConfig};
+
+/// How recently a worker must have been seen to count as live.
+pub const LIVE_WORKER_WINDOW: Duration = Duration::from_secs(90);
+
+/// How often a waiter re-reads a run it was not woken for: a notification
+/// can be missed across a reconnect.
+const WAIT_RECHECK: Duration = Duration::from_secs(2);
+
+/// Which task types a definition may use when it is published.
+#[derive(Debug, Clone)]
+pub enum TaskTypes {
+    /// Exactly these (the handlers registered in this process).
+    Registered(BTreeSet<String>),
+    /// The built-in types and those a live worker serves (the
+    /// distributed mode: the workers run elsewhere).
+    LiveWorkers,
+}
+
+/// How [`Service::close`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    /// The run had already ended in this state.
+    AlreadyEnded(RunState),
+    /// The run ended in this state.
+    Ended(RunState),
+    /// Cancellation is requested; a task is still running and stops when
+    /// its worker sees the request or its lease runs out.
+    StillStopping,
+}
+
+/// The use cases over one store.
+#[derive(Debug)]
+pub struct Service<S: Store> {
+    store: S,
+    defs: Arc<DefinitionCache<S>>,
+}
+
+impl<S: Store> Clone for Service<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            defs: Arc::clone(&self.defs),
+        }
+    }
+}
+
+/// Checks that every task type of `def` (compensators included) is in
+/// `known`, naming the unknown ones.
+pub fn check_task_types(def: &WorkflowDefinition, known: &BTreeSet<String>) -> Result<(), Error> {
+    let unknown: BTreeSet<String> = def
+        .tasks()
+        .iter()
+        .map(|t| t.task_type())
+        .filter(|t| !known.contains(*t))
+        .map(str::to_owned)
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(Error::UnknownTaskTypes {
+        types: unknown.into_iter().collect(),
+        known_hint: format!(
+            "known types are {}",
+            known.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
+        ),
+    })
+}
+
+impl<S: Store> Service<S> {
+    /// The use cases over `store`, with a definition cache of their own.
+    pub fn new(store: S) -> Self {
+        let defs = Arc::new(DefinitionCache::new(store.clone()));
+        Self::with_cache(store, defs)
+    }
+
+    /// The use cases over `store`, sharing `defs` with the loops.
+    pub fn with_cache(store: S, defs: Arc<DefinitionCache<S>>) -> Self {
+        Self { store, defs }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The definition cache the use cases and loops share.
+    pub fn definitions(&self) -> &Arc<DefinitionCache<S>> {
+        &self.defs
+    }
+
+    /// Publishes `def` if every task type is one of `types`. Idempotent by
+    /// content; a different definition under a published (name, version)
+    /// is a conflict.
+    pub async fn publish(&self, def: &WorkflowDefinition, types: &TaskTypes) -> Result<Published, Error> {
+        match types {
+            TaskTypes::Registered(known) => check_task_types(def, known)?,
+            TaskTypes::LiveWorkers => {
+                let mut known: BTreeSet<String> = BUILTIN_TYPES.iter().map(|t| (*t).to_owned()).collect();
+                known.extend(self.store.live_task_types(LIVE_WORKER_WINDOW).await?);
+                check_task_types(def, &known)?;
+            }
+        }
+        let published = self.store.publish_definition(def).await?;
+        self.defs.insert(published.clone());
+        Ok(published)
+    }
+
+    /// Starts a run of a published definition.
+    pub async fn start(&self, workflow: WorkflowId, input: Value) -> Result<RunId, Error> {
+        Ok(self.store.start_run(workflow, input).await?)
+    }
+
+    /// Requests cancellation of `run`: waiting tasks are cancelled by the
+    /// next scheduler pass, running ones when their worker sees it.
+    pub async fn cancel(&self, run: RunId) -> Result<CancelOutcome, Error> {
+        self.store.request_cancel(run).await?.ok_or(Error::RunNotFound(run))
+    }
+
+    /// Waits until `run` is terminal, driven by whichever loops serve it:
+    /// woken by the store's run-settled notifications.
+    pub async fn wait(&self, run: RunId) -> Result<RunState, Error> {
+        // Listening first, then reading: a run that settles in between
+        // leaves a kept notification.
+        let notifier = self.store.notifier().await?;
+        loop {
+            let state = self.state(run).await?;
+            if state.is_terminal() {
+                return Ok(state);
+            }
+            tokio::select! {
+                () = notifier.notified(Topic::RunSettled) => {}
+                () = tokio::time::sleep(WAIT_RECHECK) => {}
+            }
+        }
+    }
+
+    /// The report of `run`.
+    pub async fn report(&self, run: RunId) -> Result<RunReport, Error> {
+        let detail = self.store.get_run(run).await?.ok_or(Error::RunNotFound(run))?;
+        let published = self.defs.get(detail.summary.workflow_id).await?;
+        Ok(RunReport::new(&detail, &published.definition))
+    }
+
+    /// The `limit` most recent runs, newest first.
+    pub async fn list(&self, limit: u32) -> Result<Vec<RunSummary>, Error> {
+        Ok(self.store.list_runs(limit).await?)
+    }
+
+    /// Cancels `run` and drives it to its end from here, for a run whose
+    /// process may be gone: scheduler passes are safe to race with a live
+    /// scheduler. Gives up after `patience` (a running task's lease, say)
+    /// with [`Closed::StillStopping`].
+    pub async fn close(&self, run: RunId, patience: Duration) -> Result<Closed, Error> {
+        if let CancelOutcome::AlreadyFinished(state) = self.cancel(run).await? {
+            return Ok(Closed::AlreadyEnded(state));
+        }
+        let scheduler = Scheduler::new(
+            self.store.clone(),
+            Arc::clone(&self.defs),
+            Observers::default(),
+            SchedulerConfig {
+                scope: Scope::Run(run),
+                ..SchedulerConfig::default()
+            },
+        );
+        let give_up = Instant::now() + patience;
+        loop {
+            scheduler.schedule_once().await?;
+            let state = self.state(run).await?;
+            if state.is_terminal() {
+                return Ok(Closed::Ended(state));
+            }
+            if Instant::now() >= give_up {
+                return Ok(Closed::StillStopping);
+            }
+            let wait = self
+                .store
+                .next_deadline(Scope::Run(run))
+                .await?
+                .unwrap_or(Duration::from_secs(1));
+            tokio::time::sleep(wait.clamp(Duration::from_millis(100), Duration::from_secs(1))).await;
+        }
+    }
+
+    async fn state(&self, run: RunId) -> Result<RunState, Error> {
+        let detail = self.store.get_run(run).await?.ok_or(Error::RunNotFound(run))?;
+        Ok(detail.summary.state)
+    }
+}

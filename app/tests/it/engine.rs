@@ -1,0 +1,174 @@
+//! The engine's loops end to end: outputs flowing downstream, failures
+//! cancelling dependents and compensating, panics reported as what they
+//! are, cancellation stopping a running handler.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use chrono::TimeDelta;
+use flowforge_app::{Error, HandlerRegistry};
+use flowforge_domain::RunState;
+use flowforge_ports::{Clock, HandlerError, TaskContext};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+use crate::{definition, engine, store, store_with};
+
+fn diamond() -> Value {
+    json!({"name": "diamond", "version": 1, "tasks": [
+        {"key": "a", "task_type": "add"},
+        {"key": "b", "task_type": "add", "depends_on": ["a"]},
+        {"key": "c", "task_type": "add", "depends_on": ["a"]},
+        {"key": "d", "task_type": "add", "depends_on": ["b", "c"]}
+    ]})
+}
+
+/// `add`: one more than the sum of its inputs' `n` (the run input's `n`
+/// for a root).
+fn adding() -> HandlerRegistry {
+    let mut registry = HandlerRegistry::new();
+    registry.register_fn("add", |ctx: TaskContext| async move {
+        let n: i64 = if ctx.inputs.is_empty() {
+            ctx.run_input["n"].as_i64().unwrap_or(0)
+        } else {
+            ctx.inputs.values().filter_map(|v| v["n"].as_i64()).sum()
+        };
+        Ok::<_, HandlerError>(json!({ "n": n + 1 }))
+    });
+    registry
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_flow_to_downstream_inputs_through_the_scheduler_and_the_worker() {
+    let engine = engine(store().await, adding());
+    let report = engine.run(&definition(diamond()), json!({"n": 1})).await.unwrap();
+    assert_eq!(report.run_state(), Some(RunState::Succeeded));
+    let output = |key: &str| {
+        report
+            .tasks
+            .iter()
+            .find(|t| t.key == key)
+            .and_then(|t| t.output.clone())
+            .unwrap()
+    };
+    assert_eq!(output("a"), json!({"n": 2}));
+    assert_eq!(output("b"), json!({"n": 3}));
+    assert_eq!(output("d"), json!({"n": 7}), "d sums b and c");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_cancels_its_dependents_and_compensates_what_succeeded() {
+    let mut registry = HandlerRegistry::new();
+    registry.register_fn("ok", |_ctx: TaskContext| async { Ok::<_, HandlerError>(json!({})) });
+    registry.register_fn("fail", |_ctx: TaskContext| async {
+        Err::<Value, _>(HandlerError::permanent("no"))
+    });
+    let def = definition(json!({"name": "saga", "version": 1, "tasks": [
+        {"key": "book", "task_type": "ok"},
+        {"key": "undo_book", "task_type": "ok", "compensate_for": "book"},
+        {"key": "pay", "task_type": "fail", "depends_on": ["book"]},
+        {"key": "ship", "task_type": "ok", "depends_on": ["pay"]}
+    ]}));
+    let report = engine(store().await, registry).run(&def, json!({})).await.unwrap();
+    assert_eq!(report.run_state(), Some(RunState::Failed));
+    let ship = report.tasks.iter().find(|t| t.key == "ship").unwrap();
+    assert_eq!(ship.state, "cancelled");
+    assert_eq!(ship.cancel_reason.as_deref(), Some("upstream_failed"));
+    assert_eq!(report.compensations.len(), 1);
+    assert_eq!(report.compensations[0].key, "undo_book");
+    assert_eq!(report.compensations[0].state, "succeeded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_fails_its_task_and_says_it_panicked() {
+    let mut registry = HandlerRegistry::new();
+    registry.register_fn("boom", |_ctx: TaskContext| async { panic!("kaboom") });
+    let def = definition(json!({"name": "boom", "version": 1, "tasks": [
+        {"key": "a", "task_type": "boom", "retry": {"max_attempts": 1}}
+    ]}));
+    let report = engine(store().await, registry).run(&def, json!({})).await.unwrap();
+    assert_eq!(report.run_state(), Some(RunState::Failed));
+    assert_eq!(report.tasks[0].error.as_deref(), Some("handler panicked: kaboom"));
+}
+
+/// A clock that panics once armed: whichever loop next reads store time
+/// panics inside the store call.
+#[derive(Debug, Default)]
+struct ExplodingClock {
+    armed: AtomicBool,
+}
+
+impl Clock for ExplodingClock {
+    fn offset(&self) -> TimeDelta {
+        assert!(!self.armed.load(Ordering::SeqCst), "the clock exploded");
+        TimeDelta::zero()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_loop_is_reported_as_a_panic_not_as_a_store_error() {
+    let clock = Arc::new(ExplodingClock::default());
+    let started = Arc::new(Notify::new());
+    let mut registry = HandlerRegistry::new();
+    let (signal, armed) = (Arc::clone(&started), Arc::clone(&clock));
+    registry.register_fn("arm", move |_ctx: TaskContext| {
+        let (signal, armed) = (Arc::clone(&signal), Arc::clone(&armed));
+        async move {
+            // From here on, the next store-time read panics: the finish,
+            // or the scheduler's next pass, whichever comes first.
+            armed.armed.store(true, Ordering::SeqCst);
+            signal.notify_one();
+            Ok::<_, HandlerError>(json!({}))
+        }
+    });
+    let engine = engine(store_with(clock).await, registry);
+    let def = definition(json!({"name": "arm", "version": 1, "tasks": [
+        {"key": "a", "task_type": "arm"},
+        {"key": "b", "task_type": "arm", "depends_on": ["a"]}
+    ]}));
+    let error = engine.run(&def, json!({})).await.unwrap_err();
+    match &error {
+        Error::LoopPanicked { message, .. } => assert_eq!(message, "the clock exploded"),
+        other => panic!("expected a loop panic, got {other:?}"),
+    }
+    let text = error.to_string();
+    assert!(
+        text.starts_with("the engine's ") && text.contains("panicked: the clock exploded"),
+        "{text}"
+    );
+    assert!(!text.contains("store"), "a panic is not a store error: {text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_run_stops_its_running_handler() {
+    let running = Arc::new(Notify::new());
+    let mut registry = HandlerRegistry::new();
+    let signal = Arc::clone(&running);
+    registry.register_fn("wait", move |ctx: TaskContext| {
+        let signal = Arc::clone(&signal);
+        async move {
+            signal.notify_one();
+            ctx.cancel.cancelled().await;
+            Err::<Value, _>(HandlerError::permanent("stopped"))
+        }
+    });
+    let engine = Arc::new(engine(store().await, registry));
+    let def = definition(json!({"name": "wait", "version": 1, "tasks": [
+        {"key": "a", "task_type": "wait"},
+        {"key": "b", "task_type": "wait", "depends_on": ["a"]}
+    ]}));
+    let published = engine.publish(&def).await.unwrap();
+    let run = engine.start(published.id, json!({})).await.unwrap();
+    let serving = engine.serve(flowforge_ports::Scope::Run(run));
+    running.notified().await;
+    engine.cancel(run).await.unwrap();
+    assert_eq!(engine.wait(run).await.unwrap(), RunState::Cancelled);
+    serving.stop().await.unwrap();
+    let report = engine.report(run).await.unwrap();
+    let states: Vec<(&str, &str)> = report
+        .tasks
+        .iter()
+        .map(|t| (t.key.as_str(), t.state.as_str()))
+        .collect();
+    assert_eq!(states, [("a", "cancelled"), ("b", "cancelled")]);
+}

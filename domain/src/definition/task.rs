@@ -1,0 +1,193 @@
+//! One validated task of a definition, and the checks of its settings.
+
+use serde_json::{Map, Value};
+
+use super::{DefinitionError, MAX_ATTEMPTS, MAX_BACKOFF, MAX_NESTING, MAX_SECONDS, RetrySpec, TaskDocument};
+use crate::graph::GraphError;
+
+/// One validated task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskDefinition {
+    pub(super) doc: TaskDocument,
+    pub(super) config: Map<String, Value>,
+}
+
+impl TaskDefinition {
+    /// Validates one task on its own: non-blank key and type, unique
+    /// `depends_on`, object config within the nesting limit, sane numbers.
+    pub fn new(doc: TaskDocument) -> Result<Self, Vec<DefinitionError>> {
+        let mut errors = Vec::new();
+        let task = doc.key.clone();
+        if doc.key.trim().is_empty() {
+            errors.push(DefinitionError::BlankKey { index: 0 });
+        }
+        if doc.task_type.trim().is_empty() {
+            errors.push(DefinitionError::BlankTaskType { task: task.clone() });
+        }
+        let mut seen = std::collections::HashSet::new();
+        for dep in &doc.depends_on {
+            if !seen.insert(dep.as_str()) {
+                errors.push(
+                    GraphError::DuplicateDependency {
+                        task: task.clone(),
+                        dependency: dep.clone(),
+                    }
+                    .into(),
+                );
+            }
+        }
+        let config = match doc.config.clone() {
+            None => Map::new(),
+            Some(Value::Object(map)) => {
+                if depth(&Value::Object(map.clone())) > MAX_NESTING {
+                    errors.push(DefinitionError::InvalidConfig {
+                        task: task.clone(),
+                        problem: format!("config nests deeper than {MAX_NESTING} levels"),
+                    });
+                }
+                map
+            }
+            Some(other) => {
+                errors.push(DefinitionError::InvalidConfig {
+                    task: task.clone(),
+                    problem: format!("config must be a JSON object, not {}", json_kind(&other)),
+                });
+                Map::new()
+            }
+        };
+        let place = format!("task '{task}'");
+        check_settings(
+            Some(&task),
+            &place,
+            doc.timeout_seconds,
+            doc.retry.as_ref(),
+            &mut errors,
+        );
+        if errors.is_empty() {
+            Ok(Self { doc, config })
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// A task of type `task_type` with no dependencies and an empty config.
+    pub fn simple(key: &str, task_type: &str) -> Result<Self, Vec<DefinitionError>> {
+        Self::new(TaskDocument {
+            key: key.to_owned(),
+            task_type: task_type.to_owned(),
+            depends_on: Vec::new(),
+            config: None,
+            timeout_seconds: None,
+            retry: None,
+            compensate_for: None,
+        })
+    }
+
+    /// The task's key.
+    pub fn key(&self) -> &str {
+        &self.doc.key
+    }
+    /// The handler type that runs it.
+    pub fn task_type(&self) -> &str {
+        &self.doc.task_type
+    }
+    /// Its direct dependencies, as written.
+    pub fn depends_on(&self) -> &[String] {
+        &self.doc.depends_on
+    }
+    /// Its config (empty when absent).
+    pub fn config(&self) -> &Map<String, Value> {
+        &self.config
+    }
+    /// The timeout as written.
+    pub fn timeout_seconds(&self) -> Option<f64> {
+        self.doc.timeout_seconds
+    }
+    /// The retry fields as written.
+    pub fn retry(&self) -> Option<&RetrySpec> {
+        self.doc.retry.as_ref()
+    }
+    /// The forward task it compensates, if it is a compensator.
+    pub fn compensate_for(&self) -> Option<&str> {
+        self.doc.compensate_for.as_deref()
+    }
+    /// Whether it is a compensator (outside the forward DAG).
+    pub fn is_compensator(&self) -> bool {
+        self.doc.compensate_for.is_some()
+    }
+    /// The task as written.
+    pub fn document(&self) -> &TaskDocument {
+        &self.doc
+    }
+}
+
+pub(super) fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The nesting depth of a JSON value (a scalar is 0, `{}` is 1), computed
+/// without recursion.
+pub fn depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((v, d)) = stack.pop() {
+        match v {
+            Value::Array(items) => {
+                deepest = deepest.max(d + 1);
+                stack.extend(items.iter().map(|i| (i, d + 1)));
+            }
+            Value::Object(map) => {
+                deepest = deepest.max(d + 1);
+                stack.extend(map.values().map(|i| (i, d + 1)));
+            }
+            _ => {}
+        }
+    }
+    deepest
+}
+
+pub(super) fn check_settings(
+    task: Option<&str>,
+    place: &str,
+    timeout: Option<f64>,
+    retry: Option<&RetrySpec>,
+    errors: &mut Vec<DefinitionError>,
+) {
+    let mut bad = |problem: String| {
+        errors.push(DefinitionError::InvalidSetting {
+            task: task.map(str::to_owned),
+            place: place.to_owned(),
+            problem,
+        });
+    };
+    if let Some(t) = timeout
+        && !(t > 0.0 && t <= MAX_SECONDS)
+    {
+        bad(format!("timeout_seconds must be in (0, {MAX_SECONDS}], not {t}"));
+    }
+    if let Some(r) = retry {
+        if let Some(n) = r.max_attempts
+            && !(1..=MAX_ATTEMPTS).contains(&n)
+        {
+            bad(format!("retry.max_attempts must be in [1, {MAX_ATTEMPTS}], not {n}"));
+        }
+        for (name, value, min, max) in [
+            ("delay_seconds", r.delay_seconds, 0.0, MAX_SECONDS),
+            ("backoff", r.backoff, 1.0, MAX_BACKOFF),
+            ("max_delay_seconds", r.max_delay_seconds, 0.0, MAX_SECONDS),
+        ] {
+            if let Some(v) = value
+                && !(v >= min && v <= max)
+            {
+                bad(format!("retry.{name} must be in [{min}, {max}], not {v}"));
+            }
+        }
+    }
+}

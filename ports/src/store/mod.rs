@@ -1,0 +1,317 @@
+//! The store ports: definitions, runs and task runs, the outbox, workers and
+//! wake-ups. Written so that SQLite and PostgreSQL implement them alike.
+//!
+//! Every task-run transition is ONE conditional UPDATE decided by the
+//! database, with its event row written in the same transaction only when
+//! the UPDATE matched (DESIGN §3 decision 7). All lease, retry and reaper
+//! arithmetic uses store time: the database's clock plus the
+//! [`Clock`](crate::Clock) offset (decision 8); no method takes a wall-clock
+//! argument.
+
+mod error;
+mod values;
+
+pub use error::{Error, LoadError, PublishError, TransitionError, resolve_generic_transition};
+pub use values::{
+    Activity, CancelOutcome, Claim, EventView, FinishResult, LeaseStatus, LockedRun, PassTask, Published, Reaped,
+    RunDetail, RunSet, RunSummary, Scope, TaskInputs, TaskOutcome, TaskRunView, WorkerInfo, WorkerRegistration,
+};
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::time::Duration;
+
+use flowforge_domain::derive::TaskTally;
+use flowforge_domain::{CancelReason, RunTransition, TaskRunState, WorkflowDefinition};
+use serde_json::Value;
+
+use crate::ids::{DispatchId, RunId, TaskRunId, WorkerId, WorkflowId};
+use crate::queue::Dispatch;
+
+/// What a loop waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topic {
+    /// A task finished, a run started or a cancel was requested.
+    Scheduler,
+    /// An outbox row appeared.
+    Publisher,
+    /// A run reached a terminal state.
+    RunSettled,
+}
+
+/// Wake-ups sent by the store's writes (in process: a notify handle; on
+/// PostgreSQL: LISTEN/NOTIFY).
+pub trait Notifier: Send + Sync + 'static {
+    /// Resolves at the next notification on `topic`. Notifications coalesce,
+    /// and one sent while nobody waits is kept for the next waiter, so a
+    /// loop that checks for work and then waits never misses one.
+    fn notified(&self, topic: Topic) -> impl Future<Output = ()> + Send;
+}
+
+/// Publishing and loading definitions (spec 001, "Publishing").
+pub trait DefinitionStore: Send + Sync + 'static {
+    /// Publishes atomically (workflow and tasks together or not at all).
+    ///
+    /// Contract: identical content under an existing (name, version)
+    /// returns the stored row with `created = false`; different content
+    /// MUST return [`PublishError::Conflict`] with both fingerprints. Two
+    /// concurrent first publishes end with one definition: the loser gets
+    /// the winner's row, a `Conflict`, or [`PublishError::LostRace`] —
+    /// never a deadlock and never a mixture.
+    fn publish_definition(
+        &self,
+        def: &WorkflowDefinition,
+    ) -> impl Future<Output = Result<Published, PublishError>> + Send;
+
+    /// Loads a definition, re-validating the stored rows on the way out.
+    ///
+    /// Contract: rows that no longer form a valid definition (a manual
+    /// edit, a lost task) MUST give [`LoadError::Invalid`] naming the
+    /// problem; the result's fingerprint equals the published one.
+    fn load_definition(&self, id: WorkflowId) -> impl Future<Output = Result<Published, LoadError>> + Send;
+
+    /// Looks a definition up by (name, version), re-validating it.
+    fn find_definition(
+        &self,
+        name: &str,
+        version: u32,
+    ) -> impl Future<Output = Result<Option<Published>, LoadError>> + Send;
+}
+
+/// Runs and task runs: the transition protocol of spec 000.
+pub trait RunStore: Send + Sync + 'static {
+    /// The per-run scheduler transaction.
+    type Pass: RunPass;
+    /// The store's wake-up source.
+    type Notifier: Notifier;
+
+    /// Creates a pending run of a published definition with one task run
+    /// per forward task (state from `initial_task_run_state`; compensators
+    /// are not materialised) and, in the same transaction, one outbox row
+    /// per task run created ready (decision 9). Wakes the publisher.
+    fn start_run(&self, workflow: WorkflowId, input: Value) -> impl Future<Output = Result<RunId, Error>> + Send;
+
+    /// Requests cancellation (decision 5): records the request and wakes
+    /// the scheduler, which cancels what it can. A claim never succeeds for
+    /// a cancel-requested run. `Ok(None)`: no such run.
+    fn request_cancel(&self, run: RunId) -> impl Future<Output = Result<Option<CancelOutcome>, Error>> + Send;
+
+    /// Claims a ready task run for a dispatch: `ready → running` WHERE
+    /// `state = 'ready' AND fencing_token = token` and, for a forward task,
+    /// the run is not cancel-requested (a compensator still claims: a cancel
+    /// does not interrupt a rollback, decision 5); bumps the token, sets the lease to store now +
+    /// `lease`, `started_at = COALESCE(started_at, now)`.
+    ///
+    /// Contract: `Ok(None)` when the row is not ready at that token (a
+    /// duplicate or stale dispatch, or a lost race): the caller acks
+    /// without running. Exactly one of N concurrent claimers wins.
+    fn claim_task_run(
+        &self,
+        id: TaskRunId,
+        token: i64,
+        worker: &WorkerId,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Option<Claim>, Error>> + Send;
+
+    /// Reads what an attempt needs: the run input and the outputs of the
+    /// task's dependencies (for a compensator: of the task it undoes).
+    fn task_inputs(&self, run: RunId, keys: &[String]) -> impl Future<Output = Result<TaskInputs, Error>> + Send;
+
+    /// Extends the lease to store now + `lease` if `token` still holds it.
+    /// `cancel_requested` is reported for forward tasks only: a running
+    /// compensator finishes its rollback step.
+    fn renew_lease(
+        &self,
+        id: TaskRunId,
+        token: i64,
+        lease: Duration,
+    ) -> impl Future<Output = Result<LeaseStatus, Error>> + Send;
+
+    /// Applies a lease-spending edge with the fencing token: `succeed`,
+    /// `fail` (plus `schedule_retry` when `retry_in` is set, in the same
+    /// transaction) or `cancel_running`. Clears the lease; wakes the
+    /// scheduler.
+    ///
+    /// Contract: a token that no longer matches changes nothing and returns
+    /// [`FinishResult::Stale`] after writing a `stale_write_rejected` audit
+    /// event with the presented token.
+    fn finish_task_run(
+        &self,
+        id: TaskRunId,
+        token: i64,
+        worker: &WorkerId,
+        outcome: TaskOutcome,
+    ) -> impl Future<Output = Result<FinishResult, Error>> + Send;
+
+    /// The generic path for edges without a lease or side data:
+    /// `dependencies_satisfied` and `retry_ready` (each writes its outbox
+    /// row), `cancel_pending`, `cancel_ready`, `cancel_retrying` (reason
+    /// `user`).
+    ///
+    /// Contract (spec 000): an edge not in the machine →
+    /// [`TransitionError::Illegal`] before any I/O; a lease-requiring edge →
+    /// [`TransitionError::LeaseRequired`]; `claim`, the reaper's edges and
+    /// `schedule_retry` → [`TransitionError::Reserved`] naming their
+    /// operation; a legal edge that another writer beat → `Ok(false)`.
+    fn transition_task_run(
+        &self,
+        id: TaskRunId,
+        from: TaskRunState,
+        to: TaskRunState,
+    ) -> impl Future<Output = Result<bool, TransitionError>> + Send;
+
+    /// Takes back expired leases (decision 2): for each running row with
+    /// `lease_expires_at < store now`, one conditional UPDATE that bumps the
+    /// token — `reap_lease` (attempt + 1, outbox row) when attempts remain,
+    /// else `reap_lease_final`; for a forward task of a cancel-requested
+    /// run, `reap_lease` then `cancel_ready` in one transaction with no
+    /// dispatch (a compensator is re-dispatched: the rollback goes on). A row a
+    /// worker has just finished is never touched.
+    fn reap_expired_leases(&self, scope: Scope, limit: u32) -> impl Future<Output = Result<Vec<Reaped>, Error>> + Send;
+
+    /// Runs that need a scheduler pass: a flagged task run, a due retry, or
+    /// an unhandled cancel request. Cost follows active work, not history.
+    fn runs_with_work(&self, scope: Scope, limit: u32) -> impl Future<Output = Result<Vec<RunId>, Error>> + Send;
+
+    /// How long until the earliest `retry_at` or `lease_expires_at` in scope
+    /// (zero if already past), so the scheduler can sleep exactly that long.
+    fn next_deadline(&self, scope: Scope) -> impl Future<Output = Result<Option<Duration>, Error>> + Send;
+
+    /// Opens the scheduler transaction of one run, locking the run (on
+    /// PostgreSQL `FOR UPDATE SKIP LOCKED`). `Ok(None)`: another scheduler
+    /// holds it, or it is terminal.
+    fn begin_pass(&self, run: RunId) -> impl Future<Output = Result<Option<Self::Pass>, Error>> + Send;
+
+    /// The run with its task runs and history.
+    fn get_run(&self, run: RunId) -> impl Future<Output = Result<Option<RunDetail>, Error>> + Send;
+
+    /// The most recent runs, newest first.
+    fn list_runs(&self, limit: u32) -> impl Future<Output = Result<Vec<RunSummary>, Error>> + Send;
+
+    /// The store's wake-up source (on PostgreSQL this opens a listening
+    /// connection).
+    fn notifier(&self) -> impl Future<Output = Result<Self::Notifier, Error>> + Send;
+}
+
+/// One run's scheduler transaction (DESIGN §5). Every method runs inside
+/// the transaction; nothing is visible to others until [`RunPass::commit`];
+/// dropping the pass rolls it back. Each change is a conditional UPDATE
+/// with its event row, so a row another writer changed meanwhile is simply
+/// skipped (and reported as not changed).
+pub trait RunPass: Send + 'static {
+    /// The locked run.
+    fn run(&self) -> &LockedRun;
+
+    /// Clears and returns the flags of task runs whose change the scheduler
+    /// has not reacted to yet: finished forward tasks and compensators, and
+    /// first claims while the run was pending. Read and cleared in one
+    /// statement, so a change made after it re-flags the row.
+    fn take_flagged(&mut self) -> impl Future<Output = Result<Vec<PassTask>, Error>> + Send;
+
+    /// For each `(key, n)`, lowers the pending row's count of unsatisfied
+    /// dependencies by `n`; then applies `dependencies_satisfied` to every
+    /// pending forward row whose count is zero, with one outbox row each.
+    /// Returns the keys made ready.
+    fn satisfy_dependencies(
+        &mut self,
+        done: &[(String, u32)],
+    ) -> impl Future<Output = Result<Vec<String>, Error>> + Send;
+
+    /// Applies `retry_ready` (with an outbox row) to every retrying row
+    /// whose `retry_at ≤ store now`. Returns their keys.
+    fn promote_due_retries(&mut self) -> impl Future<Output = Result<Vec<String>, Error>> + Send;
+
+    /// Applies `cancel_pending` with `reason` to those of `keys` still
+    /// pending. Returns the keys cancelled.
+    fn cancel_pending(
+        &mut self,
+        keys: &[String],
+        reason: CancelReason,
+    ) -> impl Future<Output = Result<Vec<String>, Error>> + Send;
+
+    /// Applies `cancel_pending`, `cancel_ready` and `cancel_retrying`
+    /// (reason `user`) to every forward row in those states. Returns the
+    /// keys cancelled.
+    fn cancel_waiting(&mut self) -> impl Future<Output = Result<Vec<String>, Error>> + Send;
+
+    /// Counts the forward task runs by state, as of now in the transaction.
+    fn tally(&mut self) -> impl Future<Output = Result<TaskTally, Error>> + Send;
+
+    /// Whether any forward task run is still active (pending, ready,
+    /// running or retrying) and whether any task run has started, as of now
+    /// in the transaction. A pass asks this first and counts with
+    /// [`RunPass::tally`] only once nothing is active, so a pass over a wide
+    /// run costs index lookups, not a scan of its rows: answer it without
+    /// counting.
+    fn activity(&mut self) -> impl Future<Output = Result<Activity, Error>> + Send;
+
+    /// Keys of the succeeded forward task runs.
+    fn succeeded_keys(&mut self) -> impl Future<Output = Result<BTreeSet<String>, Error>> + Send;
+
+    /// The compensator rows created so far: `(key, state)`.
+    fn compensator_states(&mut self) -> impl Future<Output = Result<Vec<(String, TaskRunState)>, Error>> + Send;
+
+    /// Creates the compensator row `key` (undoing `compensate_for`) as
+    /// ready, with its outbox row. Creating one that exists is a no-op
+    /// returning `false`.
+    fn create_compensator(
+        &mut self,
+        key: &str,
+        compensate_for: &str,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Applies a WorkflowRun edge, conditional on the run's stored state,
+    /// recording it in the run's history. Illegal edges are refused before
+    /// any SQL.
+    fn transition_run(&mut self, edge: RunTransition) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Commits; then wakes the publisher if outbox rows were written and
+    /// the waiters of a settled run.
+    fn commit(self) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// The transactional outbox (decision 9).
+pub trait OutboxStore: Send + Sync + 'static {
+    /// A sweep transaction.
+    type Sweep: OutboxSweep;
+
+    /// Opens a transaction holding up to `limit` unpublished rows, oldest
+    /// first, locked so a concurrent sweeper skips them (`FOR UPDATE SKIP
+    /// LOCKED` in a CTE on PostgreSQL). `Ok(None)` when there are none.
+    fn begin_sweep(&self, scope: Scope, limit: u32) -> impl Future<Output = Result<Option<Self::Sweep>, Error>> + Send;
+}
+
+/// One outbox sweep. Dropping it without commit leaves every row unpublished.
+pub trait OutboxSweep: Send + 'static {
+    /// The rows held, oldest first.
+    fn dispatches(&self) -> &[Dispatch];
+
+    /// Marks these rows published (within the transaction).
+    fn mark_published(&mut self, ids: &[DispatchId]) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Commits the marks.
+    fn commit(self) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// Worker registrations (DESIGN §5).
+pub trait WorkerRegistry: Send + Sync + 'static {
+    /// Records (or refreshes) a worker and the task types it serves.
+    fn register_worker(&self, worker: &WorkerRegistration) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Refreshes `last_seen_at`.
+    fn touch_worker(&self, id: &WorkerId) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Marks a worker stopped (graceful shutdown).
+    fn deregister_worker(&self, id: &WorkerId) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Every registered worker, most recently seen first.
+    fn list_workers(&self) -> impl Future<Output = Result<Vec<WorkerInfo>, Error>> + Send;
+
+    /// Task types served by workers seen within `within` and not stopped.
+    fn live_task_types(&self, within: Duration) -> impl Future<Output = Result<BTreeSet<String>, Error>> + Send;
+}
+
+/// Everything a FlowForge store provides.
+pub trait Store: DefinitionStore + RunStore + OutboxStore + WorkerRegistry + Clone {}
+
+impl<T: DefinitionStore + RunStore + OutboxStore + WorkerRegistry + Clone> Store for T {}

@@ -1,0 +1,365 @@
+//! The values the store ports take and return: scopes, claims, outcomes,
+//! views of runs, task runs, events and workers.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use flowforge_domain::{CancelReason, RunState, TaskRunState, TaskTransition, WorkflowDefinition};
+use serde_json::{Map, Value};
+
+use crate::ids::{RunId, TaskRunId, WorkerId, WorkflowId};
+
+/// A published definition, as stored.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// Its id.
+    pub id: WorkflowId,
+    /// The validated definition.
+    pub definition: Arc<WorkflowDefinition>,
+    /// Its fingerprint.
+    pub fingerprint: String,
+    /// When it was first published.
+    pub created_at: DateTime<Utc>,
+    /// Whether this call created it (false: it was already there, identical).
+    pub created: bool,
+}
+
+/// Which runs a loop looks at: all of them (distributed processes), just
+/// one, or the runs an embedded engine has in flight (`flowforge run` and
+/// the embedding API drive only the runs they started).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every run in the store.
+    All,
+    /// Only this run.
+    Run(RunId),
+    /// The runs in this set at the moment of each query; its owner adds and
+    /// removes runs while the loops keep going.
+    Runs(RunSet),
+}
+
+impl Scope {
+    /// The runs a query is limited to, `None` for every run.
+    pub fn run_ids(&self) -> Option<Vec<RunId>> {
+        match self {
+            Self::All => None,
+            Self::Run(run) => Some(vec![*run]),
+            Self::Runs(set) => Some(set.snapshot()),
+        }
+    }
+}
+
+/// A set of runs shared between its owner and the loops scoped to it.
+/// Clones share the set; two sets are equal when they are the same set.
+#[derive(Debug, Clone, Default)]
+pub struct RunSet(Arc<RwLock<BTreeSet<RunId>>>);
+
+impl RunSet {
+    /// Adds `run`; true if it was not there.
+    pub fn insert(&self, run: RunId) -> bool {
+        self.0.write().unwrap_or_else(PoisonError::into_inner).insert(run)
+    }
+
+    /// Removes `run`; true if it was there.
+    pub fn remove(&self, run: RunId) -> bool {
+        self.0.write().unwrap_or_else(PoisonError::into_inner).remove(&run)
+    }
+
+    /// Whether no run is in the set.
+    pub fn is_empty(&self) -> bool {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).is_empty()
+    }
+
+    /// The runs in the set now, in ascending order.
+    pub fn snapshot(&self) -> Vec<RunId> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .copied()
+            .collect()
+    }
+}
+
+impl PartialEq for RunSet {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for RunSet {}
+
+/// A won claim: what the worker needs to run the attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// The task run.
+    pub task_run_id: TaskRunId,
+    /// Its run.
+    pub run_id: RunId,
+    /// The run's definition.
+    pub workflow_id: WorkflowId,
+    /// The task's key.
+    pub task_key: String,
+    /// The forward task it undoes, for a compensator.
+    pub compensate_for: Option<String>,
+    /// 1-based attempt being made.
+    pub attempt: u32,
+    /// The fencing token this attempt must present to finish.
+    pub token: i64,
+    /// When the lease runs out unless renewed (store time).
+    pub lease_expires_at: DateTime<Utc>,
+}
+
+/// What a task's attempt reads: the run input and its dependencies' outputs.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TaskInputs {
+    /// The run's input.
+    pub run_input: Value,
+    /// Outputs by task key (dependencies; for a compensator, the task it undoes).
+    pub outputs: Map<String, Value>,
+}
+
+/// How an attempt ended, as the worker reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskOutcome {
+    /// `succeed`, storing the output.
+    Succeeded {
+        /// The task's output.
+        output: Value,
+    },
+    /// `fail`; with `retry_in`, also `schedule_retry` in the same
+    /// transaction (decision 1), `retry_at = store now + retry_in`.
+    Failed {
+        /// What went wrong.
+        error: String,
+        /// The wait before the next attempt, when one is allowed.
+        retry_in: Option<Duration>,
+    },
+    /// `cancel_running` (reason `user`): the worker stopped on a cancel request.
+    Cancelled,
+}
+
+/// The result of presenting an outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishResult {
+    /// Stored; the row now rests in this state (`retrying` after a retry
+    /// was scheduled).
+    Recorded(TaskRunState),
+    /// The token no longer matches (the lease was reaped and someone else
+    /// claimed it, or the row finished): nothing changed except a
+    /// `stale_write_rejected` audit event carrying the presented token.
+    Stale,
+}
+
+/// The result of a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseStatus {
+    /// The lease was extended. `cancel_requested`: the run is being
+    /// cancelled, so the worker should stop and apply `cancel_running`.
+    Held {
+        /// Whether the run has a cancel request.
+        cancel_requested: bool,
+    },
+    /// The token moved on: the lease is lost and the handler must stop.
+    Lost,
+}
+
+/// One lease the reaper took back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reaped {
+    /// The task run.
+    pub task_run_id: TaskRunId,
+    /// Its run.
+    pub run_id: RunId,
+    /// Its key.
+    pub task_key: String,
+    /// `reap_lease` (back to ready, re-dispatched) or `reap_lease_final`
+    /// (failed for good).
+    pub transition: TaskTransition,
+    /// Whether it was then cancelled because the run is cancel-requested.
+    pub cancelled: bool,
+    /// The attempt whose lease expired.
+    pub attempt: u32,
+    /// The fencing token that attempt held (now stale).
+    pub token: i64,
+}
+
+/// The outcome of a cancel request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// Recorded; the scheduler will cancel what it can (decision 5).
+    Requested,
+    /// A cancel was already requested.
+    AlreadyRequested,
+    /// The run is already in a terminal state.
+    AlreadyFinished(RunState),
+}
+
+/// Whether a run's forward tasks are still moving; see [`RunPass::activity`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Activity {
+    /// A forward task run is pending, ready, running or retrying.
+    pub any_active: bool,
+    /// A task run of the run has started (`started_at` is set).
+    pub any_started: bool,
+}
+
+/// A task run as a pass sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PassTask {
+    /// The task run.
+    pub id: TaskRunId,
+    /// Its key.
+    pub key: String,
+    /// Its state when read.
+    pub state: TaskRunState,
+    /// Its cancel reason (iff cancelled).
+    pub cancel_reason: Option<CancelReason>,
+    /// The forward task it undoes, for a compensator.
+    pub compensate_for: Option<String>,
+}
+
+/// The run a pass holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockedRun {
+    /// The run.
+    pub id: RunId,
+    /// Its definition.
+    pub workflow_id: WorkflowId,
+    /// Its stored state.
+    pub state: RunState,
+    /// Whether a cancel was requested.
+    pub cancel_requested: bool,
+}
+
+/// Summary of a run for listings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSummary {
+    /// The run.
+    pub id: RunId,
+    /// Its definition.
+    pub workflow_id: WorkflowId,
+    /// Workflow name.
+    pub workflow: String,
+    /// Workflow version.
+    pub version: u32,
+    /// Stored state.
+    pub state: RunState,
+    /// Whether a cancel was requested.
+    pub cancel_requested: bool,
+    /// Created.
+    pub created_at: DateTime<Utc>,
+    /// Moved to running.
+    pub started_at: Option<DateTime<Utc>>,
+    /// Reached a terminal state.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// One task run, for reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRunView {
+    /// The task run.
+    pub id: TaskRunId,
+    /// Its key.
+    pub key: String,
+    /// The forward task it undoes, for a compensator.
+    pub compensate_for: Option<String>,
+    /// Current state.
+    pub state: TaskRunState,
+    /// Current attempt.
+    pub attempt: u32,
+    /// Current fencing token.
+    pub token: i64,
+    /// Why it was cancelled.
+    pub cancel_reason: Option<CancelReason>,
+    /// Output, once succeeded.
+    pub output: Option<Value>,
+    /// Last error.
+    pub error: Option<String>,
+    /// First claim.
+    pub started_at: Option<DateTime<Utc>>,
+    /// Reached succeeded, failed or cancelled.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// When a retrying row becomes due.
+    pub retry_at: Option<DateTime<Utc>>,
+    /// The lease holder, while running.
+    pub lease_owner: Option<String>,
+    /// When its row was created.
+    pub created_at: DateTime<Utc>,
+}
+
+/// One entry of the event history (a transition, or an audit event).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventView {
+    /// The task's key (`None`: a run transition).
+    pub task: Option<String>,
+    /// The transition's name, or `stale_write_rejected`.
+    pub transition: String,
+    /// Source state (`None` for audit events).
+    pub from: Option<String>,
+    /// Target state (`None` for audit events).
+    pub to: Option<String>,
+    /// Attempt at the time.
+    pub attempt: Option<u32>,
+    /// Token after the transition (for audit: the token presented).
+    pub token: Option<i64>,
+    /// The worker involved.
+    pub worker: Option<String>,
+    /// When (store time).
+    pub at: DateTime<Utc>,
+    /// Error recorded with it.
+    pub error: Option<String>,
+}
+
+/// A run with its task runs and history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunDetail {
+    /// The run.
+    pub summary: RunSummary,
+    /// The definition's fingerprint.
+    pub fingerprint: String,
+    /// The run input.
+    pub input: Value,
+    /// Every task run, in creation order.
+    pub tasks: Vec<TaskRunView>,
+    /// The history, oldest first.
+    pub events: Vec<EventView>,
+}
+
+/// A worker's registration (DESIGN §5).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerInfo {
+    /// Its id.
+    pub id: WorkerId,
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+    /// Task types it serves.
+    pub task_types: Vec<String>,
+    /// Concurrency slots.
+    pub concurrency: u32,
+    /// First registration.
+    pub started_at: DateTime<Utc>,
+    /// Last heartbeat.
+    pub last_seen_at: DateTime<Utc>,
+    /// Set when it deregistered on a graceful stop.
+    pub stopped_at: Option<DateTime<Utc>>,
+}
+
+/// What a worker registers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerRegistration {
+    /// Its id.
+    pub id: WorkerId,
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+    /// Task types it serves.
+    pub task_types: Vec<String>,
+    /// Concurrency slots.
+    pub concurrency: u32,
+}
