@@ -1,4 +1,5 @@
-//! Runs and task runs: the transition protocol of spec 000 over SQLite.
+//! Runs and task runs: the transition protocol
+//! (docs/design/state-machines.md#transition-protocol) over SQLite.
 //!
 //! Every transition is one conditional UPDATE (`WHERE id = ? AND state = ?`
 //! and, for lease-spending edges, `AND fencing_token = ?`) with `RETURNING`,
@@ -291,7 +292,7 @@ macro_rules! generic_event {
 }
 
 /// The outbox row of task run `?2` after the event insert before it wrote
-/// one row (decision 9).
+/// one row (docs/design/outbox-and-queues.md#one-outbox-row-per-readiness).
 macro_rules! dispatch_if_changed {
     () => {
         concat!(
@@ -394,8 +395,9 @@ macro_rules! reapable {
 }
 
 /// What the reaper does to a row, decided on the data under the write lock
-/// (decision 2): `c` reap then cancel (a forward task of a cancel-requested
-/// run), `r` reap and re-dispatch (attempts left), `f` fail for good.
+/// (docs/design/leases-and-fencing.md#the-reaper): `c` reap then cancel (a
+/// forward task of a cancel-requested run), `r` reap and re-dispatch (attempts
+/// left), `f` fail for good.
 macro_rules! reap_kind {
     ($row:literal) => {
         concat!(
@@ -757,9 +759,10 @@ impl RunStore for SqliteStore {
             lock(&self.inner.inputs).output(run, &col::<String>(row, 1)?, id.0, &output);
         }
         if rows.is_empty() {
-            // Not a transition, but an audit fact (decision 7), written by
-            // the same call: which worker presented which token, and where
-            // the row really was.
+            // Not a transition, but an audit fact
+            // (docs/design/leases-and-fencing.md#stale-writes), written by the
+            // same call: which worker presented which token, and where the row
+            // really was.
             return Ok(FinishResult::Stale);
         }
         // A retry also wakes the scheduler, whose next deadline may now be
@@ -774,7 +777,8 @@ impl RunStore for SqliteStore {
         from: TaskRunState,
         to: TaskRunState,
     ) -> Result<bool, TransitionError> {
-        // The caller contract of spec 000: refuse before any I/O.
+        // The caller contract (docs/design/state-machines.md#caller-contract):
+        // refuse before any I/O.
         let edge = resolve_generic_transition(from, to)?;
         let offset = self.inner.offset();
         let (text, makes_ready): (&'static str, bool) = match edge {
@@ -838,9 +842,9 @@ impl RunStore for SqliteStore {
         let batch = serde_json::to_string(&batch).map_err(|e| StoreError::Other(e.to_string()))?;
         const FINAL: &str = "lease expired on the final attempt";
         let offset = self.inner.offset();
-        // Each row is re-checked under the write lock (decision 2): a row a
-        // worker finished, renewed or another reaper took meanwhile is left
-        // alone.
+        // Each row is re-checked under the write lock
+        // (docs/design/leases-and-fencing.md#the-reaper): a row a worker
+        // finished, renewed or another reaper took meanwhile is left alone.
         let done = self
             .inner
             .write()

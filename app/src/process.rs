@@ -1,6 +1,6 @@
 //! Helpers for the distributed processes: a worker that registers itself
-//! (DESIGN §5), publishing against the task types live workers serve, and
-//! waiting for a run driven by other processes.
+//! (docs/design/handlers.md#worker-registry), publishing against the task types
+//! live workers serve, and waiting for a run driven by other processes.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -20,7 +20,8 @@ use crate::worker::Worker;
 pub const LIVE_WORKER_WINDOW: Duration = Duration::from_secs(90);
 
 /// Publishes `def` if every task type is built in or served by a live
-/// worker (distributed mode, DESIGN §2).
+/// worker (distributed mode,
+/// docs/design/definitions.md#task-types-at-publish).
 pub async fn publish_checked<S: Store>(store: &S, def: &WorkflowDefinition) -> Result<Published, Error> {
     let mut known: BTreeSet<String> = BUILTIN_TYPES.iter().map(|t| (*t).to_owned()).collect();
     known.extend(store.live_task_types(LIVE_WORKER_WINDOW).await?);

@@ -1,4 +1,5 @@
-//! Workflow definitions as validated value objects (spec 001, DESIGN §2).
+//! Workflow definitions as validated value objects
+//! (docs/design/definitions.md#value-objects).
 //!
 //! A [`WorkflowDefinition`] cannot exist unless every rule holds: its
 //! constructor builds the dependency graph eagerly, so "forgot to force the
@@ -25,7 +26,7 @@ pub const MAX_SECONDS: f64 = 31_536_000.0;
 pub const MAX_ATTEMPTS: u32 = 1_000;
 /// The largest backoff multiplier accepted.
 pub const MAX_BACKOFF: f64 = 100.0;
-/// The default per-attempt timeout (decision 1).
+/// The default per-attempt timeout (docs/design/handlers.md#timeouts).
 pub const DEFAULT_TIMEOUT_SECONDS: f64 = 30.0;
 
 /// A retry policy as written: every field optional, so the task's fields
@@ -47,7 +48,8 @@ pub struct RetrySpec {
     pub max_delay_seconds: Option<f64>,
 }
 
-/// The retry policy a task actually runs with (decision 1).
+/// The retry policy a task actually runs with
+/// (docs/design/state-machines.md#attempts-and-retries).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct RetryPolicy {
     /// Total attempts allowed, the first included.
@@ -108,7 +110,8 @@ impl RetryPolicy {
     }
 
     /// Whether a failed attempt `attempt` gets another try, and after how
-    /// long. Permanent failures never retry (decision 1).
+    /// long. Permanent failures never retry
+    /// (docs/design/state-machines.md#permanent-failures).
     pub fn next_retry(&self, attempt: u32, permanent: bool) -> Option<Duration> {
         (!permanent && attempt < self.max_attempts).then(|| self.delay_after(attempt))
     }
@@ -169,7 +172,7 @@ pub struct WorkflowDocument {
     pub tasks: Vec<TaskDocument>,
 }
 
-/// A rule of spec 001 that a definition broke.
+/// A rule a definition broke (docs/design/definitions.md#two-stage-validation).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DefinitionError {
     /// The workflow name is empty or whitespace.
@@ -533,7 +536,8 @@ impl PartialEq for WorkflowDefinition {
 }
 
 /// Why stored rows do not give back the definition that was published
-/// (spec 001, "Loading": rows can go bad without the domain's help).
+/// (docs/design/definitions.md#loading: rows can go bad without the domain's
+/// help).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoredDefinitionError {
     /// The rows no longer make a valid definition.
@@ -810,7 +814,8 @@ impl WorkflowDefinition {
         self.compensators.iter().map(|(k, &i)| (k.as_str(), &self.tasks[i]))
     }
 
-    /// The effective retry policy of `task` (decision 1).
+    /// The effective retry policy of `task`
+    /// (docs/design/state-machines.md#attempts-and-retries).
     pub fn retry_policy(&self, task: &TaskDefinition) -> RetryPolicy {
         RetryPolicy::resolve(task.retry(), self.defaults.retry.as_ref())
     }

@@ -1,7 +1,7 @@
 //! The store contract suite (feature `test-util`): one set of cases that
 //! every [`Store`] adapter must pass, written against the port traits only,
 //! so the embedded (SQLite) and distributed (PostgreSQL) modes cannot drift
-//! apart (DESIGN §8).
+//! apart (docs/design/testing.md#store-contract-suite).
 //!
 //! An adapter's integration tests implement [`StoreFactory`] (each call a
 //! fresh, empty store with its own database) and invoke
@@ -12,7 +12,7 @@
 //! Rules the cases follow: races are provoked with barriers, never sleeps;
 //! time moves with [`ManualClock`], never by waiting; leases are long
 //! (300 s) unless the case is about expiry; tokens are compared by order,
-//! never by value (DESIGN §3 decision 10).
+//! never by value (docs/design/state-machines.md#started).
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -1094,7 +1094,7 @@ pub async fn the_reaper_spares_live_finished_and_out_of_scope_leases<F: StoreFac
 }
 
 // ---------------------------------------------------------------------------
-// The generic transition path (spec 000's caller contract)
+// The generic transition path (docs/design/state-machines.md#caller-contract)
 // ---------------------------------------------------------------------------
 
 /// An edge not in the machine is `Illegal`, a lease-spending edge is
@@ -1711,10 +1711,10 @@ pub async fn compensators_are_created_once_and_dispatched<F: StoreFactory>(facto
     );
 }
 
-/// Decision 5: a cancel that arrives during a rollback does not interrupt
-/// it. A compensator of a cancel-requested run still claims, its heartbeat
-/// does not ask it to stop, and its expired lease re-dispatches it instead
-/// of cancelling it.
+/// docs/design/cancellation.md#rollbacks-are-not-interrupted: a cancel that
+/// arrives during a rollback does not interrupt it. A compensator of a
+/// cancel-requested run still claims, its heartbeat does not ask it to stop,
+/// and its expired lease re-dispatches it instead of cancelling it.
 pub async fn a_cancel_request_does_not_stop_a_rollback<F: StoreFactory>(factory: &F) {
     let (s, clock) = fresh(factory).await;
     let mut def = chain();

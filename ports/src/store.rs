@@ -1,11 +1,12 @@
 //! The store ports: definitions, runs and task runs, the outbox, workers and
 //! wake-ups. Written so that SQLite and PostgreSQL implement them alike.
 //!
-//! Every task-run transition is ONE conditional UPDATE decided by the
-//! database, with its event row written in the same transaction only when
-//! the UPDATE matched (DESIGN §3 decision 7). All lease, retry and reaper
-//! arithmetic uses store time: the database's clock plus the
-//! [`Clock`](crate::Clock) offset (decision 8); no method takes a wall-clock
+//! Every task-run transition is ONE conditional UPDATE decided by the database,
+//! with its event row written in the same transaction only when the UPDATE
+//! matched (docs/design/state-machines.md#event-history). All lease, retry and
+//! reaper arithmetic uses store time: the database's clock plus the
+//! [`Clock`](crate::Clock) offset
+//! (docs/design/leases-and-fencing.md#store-time); no method takes a wall-clock
 //! argument.
 
 use std::collections::BTreeSet;
@@ -126,9 +127,10 @@ pub enum TransitionError {
     Store(#[from] StoreError),
 }
 
-/// Resolves a generic `from → to` request against the TaskRun machine,
-/// before any I/O: the caller contract of spec 000. Stores call this first
-/// in `transition_task_run`; `Ok` carries the edge to apply.
+/// Resolves a generic `from → to` request against the TaskRun machine, before
+/// any I/O: the caller contract
+/// (docs/design/state-machines.md#caller-contract). Stores call this first in
+/// `transition_task_run`; `Ok` carries the edge to apply.
 pub fn resolve_generic_transition(from: TaskRunState, to: TaskRunState) -> Result<TaskTransition, TransitionError> {
     let mut edges = task_machine().edges_between(from, to).peekable();
     let Some(first) = edges.peek().map(|t| t.name) else {
@@ -267,8 +269,9 @@ pub enum TaskOutcome {
         /// The task's output.
         output: Value,
     },
-    /// `fail`; with `retry_in`, also `schedule_retry` in the same
-    /// transaction (decision 1), `retry_at = store now + retry_in`.
+    /// `fail`; with `retry_in`, also `schedule_retry` in the same transaction
+    /// (docs/design/state-machines.md#attempts-and-retries), `retry_at = store
+    /// now + retry_in`.
     Failed {
         /// What went wrong.
         error: String,
@@ -327,7 +330,8 @@ pub struct Reaped {
 /// The outcome of a cancel request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CancelOutcome {
-    /// Recorded; the scheduler will cancel what it can (decision 5).
+    /// Recorded; the scheduler will cancel what it can
+    /// (docs/design/cancellation.md#cancel-requests).
     Requested,
     /// A cancel was already requested.
     AlreadyRequested,
@@ -466,7 +470,7 @@ pub struct RunDetail {
     pub events: Vec<EventView>,
 }
 
-/// A worker's registration (DESIGN §5).
+/// A worker's registration (docs/design/handlers.md#worker-registry).
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkerInfo {
     /// Its id.
@@ -522,7 +526,7 @@ pub trait Notifier: Send + Sync + 'static {
     fn notified(&self, topic: Topic) -> impl Future<Output = ()> + Send;
 }
 
-/// Publishing and loading definitions (spec 001, "Publishing").
+/// Publishing and loading definitions (docs/design/definitions.md#publishing).
 pub trait DefinitionStore: Send + Sync + 'static {
     /// Publishes atomically (workflow and tasks together or not at all).
     ///
@@ -552,29 +556,35 @@ pub trait DefinitionStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<Published>, LoadError>> + Send;
 }
 
-/// Runs and task runs: the transition protocol of spec 000.
+/// Runs and task runs: the transition protocol
+/// (docs/design/state-machines.md#transition-protocol).
 pub trait RunStore: Send + Sync + 'static {
     /// The per-run scheduler transaction.
     type Pass: RunPass;
     /// The store's wake-up source.
     type Notifier: Notifier;
 
-    /// Creates a pending run of a published definition with one task run
-    /// per forward task (state from `initial_task_run_state`; compensators
-    /// are not materialised) and, in the same transaction, one outbox row
-    /// per task run created ready (decision 9). Wakes the publisher.
+    /// Creates a pending run of a published definition with one task run per
+    /// forward task (state from `initial_task_run_state`; compensators are not
+    /// materialised) and, in the same transaction, one outbox row per task run
+    /// created ready
+    /// (docs/design/outbox-and-queues.md#one-outbox-row-per-readiness). Wakes
+    /// the publisher.
     fn start_run(&self, workflow: WorkflowId, input: Value) -> impl Future<Output = Result<RunId, StoreError>> + Send;
 
-    /// Requests cancellation (decision 5): records the request and wakes
-    /// the scheduler, which cancels what it can. A claim never succeeds for
-    /// a cancel-requested run. `Ok(None)`: no such run.
+    /// Requests cancellation (docs/design/cancellation.md#cancel-requests):
+    /// records the request and wakes the scheduler, which cancels what it can.
+    /// A claim never succeeds for a cancel-requested run. `Ok(None)`: no such
+    /// run.
     fn request_cancel(&self, run: RunId) -> impl Future<Output = Result<Option<CancelOutcome>, StoreError>> + Send;
 
-    /// Claims a ready task run for a dispatch: `ready → running` WHERE
-    /// `state = 'ready' AND fencing_token = token` and, for a forward task,
-    /// the run is not cancel-requested (a compensator still claims: a cancel
-    /// does not interrupt a rollback, decision 5); bumps the token, sets the lease to store now +
-    /// `lease`, `started_at = COALESCE(started_at, now)`.
+    /// Claims a ready task run for a dispatch: `ready → running` WHERE `state =
+    /// 'ready' AND fencing_token = token` and, for a forward task, the run is
+    /// not cancel-requested (a compensator still claims: a cancel does not
+    /// interrupt a rollback,
+    /// docs/design/cancellation.md#rollbacks-are-not-interrupted); bumps the
+    /// token, sets the lease to store now + `lease`, `started_at =
+    /// COALESCE(started_at, now)`.
     ///
     /// Contract: `Ok(None)` when the row is not ready at that token (a
     /// duplicate or stale dispatch, or a lost race): the caller acks
@@ -622,11 +632,12 @@ pub trait RunStore: Send + Sync + 'static {
     /// row), `cancel_pending`, `cancel_ready`, `cancel_retrying` (reason
     /// `user`).
     ///
-    /// Contract (spec 000): an edge not in the machine →
-    /// [`TransitionError::Illegal`] before any I/O; a lease-requiring edge →
-    /// [`TransitionError::LeaseRequired`]; `claim`, the reaper's edges and
-    /// `schedule_retry` → [`TransitionError::Reserved`] naming their
-    /// operation; a legal edge that another writer beat → `Ok(false)`.
+    /// Contract (docs/design/state-machines.md#caller-contract): an edge not in
+    /// the machine → [`TransitionError::Illegal`] before any I/O; a
+    /// lease-requiring edge → [`TransitionError::LeaseRequired`]; `claim`, the
+    /// reaper's edges and `schedule_retry` → [`TransitionError::Reserved`]
+    /// naming their operation; a legal edge that another writer beat →
+    /// `Ok(false)`.
     fn transition_task_run(
         &self,
         id: TaskRunId,
@@ -634,13 +645,14 @@ pub trait RunStore: Send + Sync + 'static {
         to: TaskRunState,
     ) -> impl Future<Output = Result<bool, TransitionError>> + Send;
 
-    /// Takes back expired leases (decision 2): for each running row with
-    /// `lease_expires_at < store now`, one conditional UPDATE that bumps the
-    /// token — `reap_lease` (attempt + 1, outbox row) when attempts remain,
-    /// else `reap_lease_final`; for a forward task of a cancel-requested
-    /// run, `reap_lease` then `cancel_ready` in one transaction with no
-    /// dispatch (a compensator is re-dispatched: the rollback goes on). A row a
-    /// worker has just finished is never touched.
+    /// Takes back expired leases
+    /// (docs/design/leases-and-fencing.md#the-reaper): for each running row
+    /// with `lease_expires_at < store now`, one conditional UPDATE that bumps
+    /// the token — `reap_lease` (attempt + 1, outbox row) when attempts remain,
+    /// else `reap_lease_final`; for a forward task of a cancel-requested run,
+    /// `reap_lease` then `cancel_ready` in one transaction with no dispatch (a
+    /// compensator is re-dispatched: the rollback goes on). A row a worker has
+    /// just finished is never touched.
     fn reap_expired_leases(
         &self,
         scope: Scope,
@@ -671,11 +683,11 @@ pub trait RunStore: Send + Sync + 'static {
     fn notifier(&self) -> impl Future<Output = Result<Self::Notifier, StoreError>> + Send;
 }
 
-/// One run's scheduler transaction (DESIGN §5). Every method runs inside
-/// the transaction; nothing is visible to others until [`RunPass::commit`];
-/// dropping the pass rolls it back. Each change is a conditional UPDATE
-/// with its event row, so a row another writer changed meanwhile is simply
-/// skipped (and reported as not changed).
+/// One run's scheduler transaction (docs/design/scheduler.md#the-pass). Every
+/// method runs inside the transaction; nothing is visible to others until
+/// [`RunPass::commit`]; dropping the pass rolls it back. Each change is a
+/// conditional UPDATE with its event row, so a row another writer changed
+/// meanwhile is simply skipped (and reported as not changed).
 pub trait RunPass: Send + 'static {
     /// The locked run.
     fn run(&self) -> &PassRun;
@@ -748,7 +760,8 @@ pub trait RunPass: Send + 'static {
     fn commit(self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-/// The transactional outbox (decision 9).
+/// The transactional outbox
+/// (docs/design/outbox-and-queues.md#one-outbox-row-per-readiness).
 pub trait OutboxStore: Send + Sync + 'static {
     /// A sweep transaction.
     type Sweep: OutboxSweep;
@@ -775,7 +788,7 @@ pub trait OutboxSweep: Send + 'static {
     fn commit(self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-/// Worker registrations (DESIGN §5).
+/// Worker registrations (docs/design/handlers.md#worker-registry).
 pub trait WorkerRegistry: Send + Sync + 'static {
     /// Records (or refreshes) a worker and the task types it serves.
     fn register_worker(&self, worker: &WorkerRegistration) -> impl Future<Output = Result<(), StoreError>> + Send;
