@@ -1,6 +1,7 @@
-//! Publishing and loading definitions (spec 001, "Publishing" and
-//! "Loading"): atomic, idempotent by fingerprint, exclusive by (name,
-//! version), and re-validated through the domain on the way out.
+//! Publishing and loading definitions (docs/design/definitions.md#publishing
+//! and docs/design/definitions.md#loading): atomic, idempotent by fingerprint,
+//! exclusive by (name, version), and re-validated through the domain on the way
+//! out.
 
 use std::sync::Arc;
 
@@ -246,7 +247,7 @@ impl DefinitionStore for PgStore {
             return Ok(published);
         }
         // A concurrent first publish committed the same (name, version):
-        // its row decides (spec 001, "The race, and what it actually does").
+        // its row decides (docs/design/definitions.md#the-publish-race).
         match self.find(def.name(), version).await? {
             Some((id, stored)) => self.existing(def, id, stored).await,
             None => Err(PublishError::LostRace {

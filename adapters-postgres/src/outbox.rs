@@ -1,6 +1,7 @@
-//! The transactional outbox (DESIGN §3 decision 9): a sweep holds its rows
-//! locked (`FOR UPDATE SKIP LOCKED` in a CTE, bounded) in a transaction
-//! kept open while the publisher publishes, and marks them in it.
+//! The transactional outbox
+//! (docs/design/outbox-and-queues.md#one-outbox-row-per-readiness): a sweep
+//! holds its rows locked (`FOR UPDATE SKIP LOCKED` in a CTE, bounded) in a
+//! transaction kept open while the publisher publishes, and marks them in it.
 
 use std::collections::BTreeSet;
 use std::fmt;

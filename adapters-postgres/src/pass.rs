@@ -1,6 +1,6 @@
-//! One run's scheduler transaction (DESIGN §5): the run locked with
-//! `FOR UPDATE SKIP LOCKED`, every change a batched conditional UPDATE with
-//! its events and outbox rows, nothing visible until commit.
+//! One run's scheduler transaction (docs/design/scheduler.md#the-pass): the run
+//! locked with `FOR UPDATE SKIP LOCKED`, every change a batched conditional
+//! UPDATE with its events and outbox rows, nothing visible until commit.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -1,6 +1,7 @@
-//! Runs and task runs: the transition protocol of spec 000 with DESIGN §3's
-//! decisions — one conditional UPDATE per transition, its event in the
-//! same statement, fencing on every lease-spending write, store time only.
+//! Runs and task runs: the transition protocol
+//! (docs/design/state-machines.md#transition-protocol) and what it relies on —
+//! one conditional UPDATE per transition, its event in the same statement,
+//! fencing on every lease-spending write, store time only.
 
 use std::time::Duration;
 
@@ -114,8 +115,9 @@ impl PgStore {
                 FinishResult::Stale
             });
         };
-        // fail and schedule_retry in one transaction (decision 1): the row
-        // never rests in `failed` when another attempt is allowed.
+        // fail and schedule_retry in one transaction
+        // (docs/design/state-machines.md#attempts-and-retries): the row never
+        // rests in `failed` when another attempt is allowed.
         let retry_in = interval(retry_in)?;
         let mut tx = self.inner.pool.begin().await.map_err(store_error)?;
         let (recorded, woke) = finish.fetch_one(&mut *tx).await.map_err(store_error)?;
@@ -307,7 +309,7 @@ impl RunStore for PgStore {
         to: TaskRunState,
     ) -> Result<bool, TransitionError> {
         // Illegal, lease-requiring and reserved edges are refused here,
-        // before any SQL (spec 000's caller contract).
+        // before any SQL (docs/design/state-machines.md#caller-contract).
         let edge = resolve_generic_transition(from, to)?;
         Ok(self.generic(id, from, edge).await?)
     }
@@ -330,7 +332,8 @@ impl RunStore for PgStore {
             return Ok(Vec::new());
         }
         // A cancel-requested run gets reap_lease then cancel_ready, in this
-        // transaction, and no dispatch (decision 2).
+        // transaction, and no dispatch
+        // (docs/design/leases-and-fencing.md#the-reaper).
         let to_cancel: Vec<i64> = rows
             .iter()
             .filter(|r| r.cancel_requested && r.state == TaskRunState::Ready.as_str())

@@ -1,5 +1,6 @@
-//! Worker registrations (DESIGN §5): who serves which task types, seen
-//! when — in store time, so tests age a worker by moving the clock.
+//! Worker registrations (docs/design/handlers.md#worker-registry): who serves
+//! which task types, seen when — in store time, so tests age a worker by moving
+//! the clock.
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -1,4 +1,5 @@
-//! Publishing and loading definitions (spec 001 "Publishing" and "Loading").
+//! Publishing and loading definitions (docs/design/definitions.md#publishing
+//! and docs/design/definitions.md#loading).
 //!
 //! The task rows are the authority on load: they are re-validated through
 //! the domain constructors, and the result must fingerprint to the stored

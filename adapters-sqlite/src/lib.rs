@@ -1,4 +1,5 @@
-//! FlowForge's store ports over SQLite: the embedded store (DESIGN §4, §5).
+//! FlowForge's store ports over SQLite: the embedded store
+//! (docs/design/data-model.md#tables, docs/design/scheduler.md#the-pass).
 //!
 //! [`SqliteStore`] implements every store port — definitions, runs and task
 //! runs, the scheduler pass, the outbox and the worker registry — over one
@@ -92,9 +93,10 @@ macro_rules! event_if_changed {
     };
 }
 
-/// The audit event of a finish whose UPDATE matched nothing (decision 7):
-/// placed after the transition's event insert, which then inserted
-/// nothing, so `changes() = 0`. Token presented `?3`, worker `?4`.
+/// The audit event of a finish whose UPDATE matched nothing
+/// (docs/design/leases-and-fencing.md#stale-writes): placed after the
+/// transition's event insert, which then inserted nothing, so `changes() = 0`.
+/// Token presented `?3`, worker `?4`.
 macro_rules! stale_audit {
     ($label:literal) => {
         concat!(

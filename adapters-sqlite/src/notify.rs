@@ -1,5 +1,6 @@
-//! In-process wake-ups (DESIGN §5): one `tokio::sync::Notify` per topic,
-//! owned by the store and shared by its clones, fired after a write commits.
+//! In-process wake-ups (docs/design/wake-ups.md#in-process): one
+//! `tokio::sync::Notify` per topic, owned by the store and shared by its
+//! clones, fired after a write commits.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,4 +1,5 @@
-//! The transactional outbox's sweep (decision 9) over SQLite.
+//! The transactional outbox's sweep
+//! (docs/design/outbox-and-queues.md#the-publisher) over SQLite.
 //!
 //! PostgreSQL locks swept rows with `FOR UPDATE SKIP LOCKED` and holds its
 //! transaction while the rows are published. On SQLite that transaction

@@ -1,4 +1,5 @@
-//! One run's scheduler transaction (DESIGN §5) over SQLite.
+//! One run's scheduler transaction (docs/design/scheduler.md#the-pass) over
+//! SQLite.
 //!
 //! The pass holds the writer connection inside `BEGIN IMMEDIATE` until it
 //! commits or is dropped (rolled back). Two passes over the same run in
@@ -218,7 +219,8 @@ macro_rules! batch_events {
     };
 }
 
-/// The outbox rows of a batch of rows about to become ready (decision 9).
+/// The outbox rows of a batch of rows about to become ready
+/// (docs/design/outbox-and-queues.md#one-outbox-row-per-readiness).
 macro_rules! batch_dispatch {
     ($where:expr) => {
         concat!(

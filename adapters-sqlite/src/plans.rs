@@ -1,7 +1,8 @@
-//! Every hot statement is served by the index named for it (DESIGN §4: a
-//! scheduler pass costs in proportion to active work, never to history).
-//! SQLite picks a partial index only when a query restates its condition,
-//! so an innocent edit can silently turn an index search into a scan.
+//! Every hot statement is served by the index named for it
+//! (docs/design/data-model.md#indexes: a scheduler pass costs in proportion to
+//! active work, never to history). SQLite picks a partial index only when a
+//! query restates its condition, so an innocent edit can silently turn an index
+//! search into a scan.
 
 use std::sync::Arc;
 

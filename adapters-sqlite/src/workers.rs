@@ -1,5 +1,5 @@
-//! The worker registry (DESIGN §5): who serves which task types, and when
-//! each was last seen (store time).
+//! The worker registry (docs/design/handlers.md#worker-registry): who serves
+//! which task types, and when each was last seen (store time).
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -1,5 +1,5 @@
-//! The built-in task types of DESIGN §6: `noop`, `echo`, `sleep`, `fail`
-//! and `command`.
+//! The built-in task types (docs/design/handlers.md#built-in-task-types):
+//! `noop`, `echo`, `sleep`, `fail` and `command`.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,5 +1,6 @@
 //! Published definitions by id. (name, version) is immutable, so a cached
-//! definition never goes stale; loading re-validates (spec 001).
+//! definition never goes stale; loading re-validates
+//! (docs/design/definitions.md#loading).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -1,5 +1,5 @@
 //! A set of observers, called after persistence with every failure and
-//! panic contained and logged (spec 002, "Lifecycle Hooks").
+//! panic contained and logged (docs/design/handlers.md#lifecycle-hooks).
 
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -1,5 +1,6 @@
-//! A worker process that registers itself (DESIGN §5), so publishing in
-//! the distributed mode can check the task types live workers serve.
+//! A worker process that registers itself
+//! (docs/design/handlers.md#worker-registry), so publishing in the distributed
+//! mode can check the task types live workers serve.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,7 @@
-//! The outbox publisher (DESIGN §5): sweep unpublished rows in bounded
-//! batches, publish them with confirms, mark the confirmed ones in the same
-//! transaction. A broker outage rolls back: the rows stay and are retried.
+//! The outbox publisher (docs/design/outbox-and-queues.md#the-publisher): sweep
+//! unpublished rows in bounded batches, publish them with confirms, mark the
+//! confirmed ones in the same transaction. A broker outage rolls back: the rows
+//! stay and are retried.
 
 use std::sync::Arc;
 use std::time::Duration;

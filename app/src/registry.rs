@@ -1,5 +1,6 @@
 //! The handler registry: task type → trusted Rust handler. A dispatch only
-//! names a type; nothing it carries is executed (spec 000, "The worker").
+//! names a type; nothing it carries is executed
+//! (docs/design/handlers.md#trusted-handlers).
 
 use std::collections::BTreeMap;
 use std::fmt;

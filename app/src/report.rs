@@ -1,5 +1,5 @@
-//! The run report of DESIGN §7: a stable JSON shape (its schema is
-//! committed beside the binary) built from a stored run and its definition.
+//! The run report (docs/design/cli.md#reports): a stable JSON shape (its schema
+//! is committed beside the binary) built from a stored run and its definition.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -206,10 +206,11 @@ impl RunReport {
         self.state.parse().ok()
     }
 
-    /// The report with ids, times, tokens and worker names removed: what
-    /// two runs of the same definition and input must agree on (DESIGN §7).
-    /// Events are grouped by task, because tasks that run in parallel may
-    /// interleave differently; each task's own sequence is kept.
+    /// The report with ids, times, tokens and worker names removed: what two
+    /// runs of the same definition and input must agree on
+    /// (docs/design/cli.md#reports). Events are grouped by task, because tasks
+    /// that run in parallel may interleave differently; each task's own
+    /// sequence is kept.
     pub fn comparable(&self) -> Value {
         Self::comparable_json(&serde_json::to_value(self).unwrap_or(Value::Null))
     }

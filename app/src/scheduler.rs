@@ -1,7 +1,7 @@
-//! The scheduler (DESIGN §3 and §5): reap expired leases, then one
-//! transaction per run with work — react to finished tasks, promote,
-//! cancel, compensate, derive and store the run state. Its loop sleeps
-//! until a store notification or the earliest retry / lease deadline.
+//! The scheduler (docs/design/scheduler.md#the-pass): reap expired leases, then
+//! one transaction per run with work — react to finished tasks, promote,
+//! cancel, compensate, derive and store the run state. Its loop sleeps until a
+//! store notification or the earliest retry / lease deadline.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -168,8 +168,8 @@ impl<S: Store> Scheduler<S> {
         });
     }
 
-    /// One run's transaction (DESIGN §5). `Ok(None)` when another scheduler
-    /// holds the run or it is already terminal.
+    /// One run's transaction (docs/design/scheduler.md#the-pass). `Ok(None)`
+    /// when another scheduler holds the run or it is already terminal.
     pub async fn advance_run(&self, run: RunId) -> Result<Option<PassOutcome>, Error> {
         let Some(mut pass) = self.store.begin_pass(run).await? else {
             return Ok(None);
@@ -192,7 +192,8 @@ impl<S: Store> Scheduler<S> {
                         *satisfied.entry(dependent).or_default() += 1;
                     }
                 }
-                // Resting `failed` means failed for good (decision 1).
+                // Resting `failed` means failed for good
+                // (docs/design/state-machines.md#failed-for-good).
                 TaskRunState::Failed => failed_upstream.extend(graph.transitive_dependents_of(&task.key)),
                 // A cancelled task's dependents can never run either; they
                 // inherit its reason (a user's), not `upstream_failed`.
@@ -257,7 +258,8 @@ impl<S: Store> Scheduler<S> {
             verdict = derive_run_state(&tally, progress);
         }
 
-        // Store it along legal edges only (decision 4).
+        // Store it along legal edges only
+        // (docs/design/state-machines.md#deriving-the-run-state).
         let edges: &[RunTransition] = match (header.state, verdict) {
             (RunState::Pending, Verdict::Running | Verdict::Compensating) => &[RunTransition::Start],
             (RunState::Pending, Verdict::Settled(RunState::Cancelled)) if !tally.any_started => {

@@ -1,4 +1,4 @@
-//! The worker (spec 000, "The worker"; DESIGN §5): consume a dispatch,
+//! The worker (docs/design/handlers.md#the-worker): consume a dispatch,
 //! claim the task run with its token, run the trusted handler with a
 //! timeout while heartbeating the lease, store the outcome with the token,
 //! and only then acknowledge.
@@ -28,7 +28,7 @@ use crate::registry::{HandlerRegistry, panic_message};
 /// because the store failed.
 const STORE_TROUBLE_PAUSE: Duration = Duration::from_secs(1);
 
-/// The default largest task output: 1 MiB (DESIGN §6).
+/// The default largest task output: 1 MiB (docs/design/handlers.md#outcomes).
 pub const DEFAULT_OUTPUT_LIMIT: usize = 1024 * 1024;
 
 /// Tuning of a worker.
@@ -51,7 +51,9 @@ pub struct WorkerConfig {
 }
 
 impl WorkerConfig {
-    /// A config with the defaults of DESIGN §3 decision 8 and §6.
+    /// A config with the default lease
+    /// (docs/design/leases-and-fencing.md#leases-and-heartbeats) and output
+    /// limit (docs/design/handlers.md#outcomes).
     pub fn new(id: WorkerId, concurrency: usize) -> Self {
         Self {
             id,
@@ -445,8 +447,9 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             }
         };
         let cancel = CancellationToken::new();
-        // A run's cancellation stops its forward tasks, never a compensator:
-        // a cancel does not interrupt a rollback (decision 5).
+        // A run's cancellation stops its forward tasks, never a compensator: a
+        // cancel does not interrupt a rollback
+        // (docs/design/cancellation.md#rollbacks-are-not-interrupted).
         let _in_flight = claim
             .compensate_for
             .is_none()

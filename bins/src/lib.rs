@@ -166,7 +166,7 @@ impl EmbeddedBuilder {
         self
     }
 
-    /// Adds a lifecycle observer (spec 002's hooks).
+    /// Adds a lifecycle observer (docs/design/handlers.md#lifecycle-hooks).
     pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observers.push(observer);
         self

@@ -1,6 +1,6 @@
-//! The `flowforge` binary: parses the command line, runs the command, and
-//! maps its outcome to an exit code (DESIGN §7). Everything else lives in
-//! [`cli`], one module per command.
+//! The `flowforge` binary: parses the command line, runs the command, and maps
+//! its outcome to an exit code (docs/design/cli.md#exit-codes). Everything else
+//! lives in [`cli`], one module per command.
 
 // Printing reports and errors is this binary's job: the workspace-wide
 // print lints do not apply here.
@@ -13,8 +13,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    // Usage errors exit 2 (clap's default, and DESIGN §7's "invalid input
-    // or usage"); --help and --version exit 0.
+    // Usage errors exit 2 (clap's default, and "invalid input or usage" in
+    // docs/design/cli.md#exit-codes); --help and --version exit 0.
     let args = cli::Cli::parse();
     match cli::run(args) {
         Ok(exit) => exit.into(),

@@ -1,6 +1,7 @@
-//! Run-state derivation (DESIGN §3 decision 4) and compensation order
-//! (decision 6): pure functions of task states, so they are property-tested
-//! without a database.
+//! Run-state derivation (docs/design/state-machines.md#deriving-the-run-state)
+//! and compensation order
+//! (docs/design/compensation.md#reverse-dependency-order): pure functions of
+//! task states, so they are property-tested without a database.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -20,13 +21,15 @@ pub struct TaskTally {
     pub retrying: u64,
     /// Finished with an output.
     pub succeeded: u64,
-    /// Failed for good (a resting `failed` row; decision 1).
+    /// Failed for good (a resting `failed` row;
+    /// docs/design/state-machines.md#failed-for-good).
     pub failed: u64,
     /// Cancelled by a user.
     pub cancelled_by_user: u64,
     /// Cancelled because a dependency failed for good.
     pub cancelled_upstream: u64,
-    /// Whether any task run has `started_at` (decision 10).
+    /// Whether any task run has `started_at`
+    /// (docs/design/state-machines.md#started).
     pub any_started: bool,
 }
 
@@ -66,7 +69,7 @@ impl TaskTally {
     }
 }
 
-/// Where a rollback stands (decision 6).
+/// Where a rollback stands (docs/design/compensation.md#one-at-a-time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CompensationProgress {
     /// No compensator has been created (or none is due).

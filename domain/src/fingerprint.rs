@@ -1,5 +1,6 @@
 //! A definition's identity: SHA-256 (lower-case hex) of the RFC 8785
-//! canonical JSON of its normalised form (DESIGN §2).
+//! canonical JSON of its normalised form
+//! (docs/design/definitions.md#fingerprint).
 //!
 //! Normalised means every field present, as written or as its empty value
 //! (`""`, `[]`, `{}`, or `null` where there is no empty value), tasks sorted

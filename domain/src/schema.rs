@@ -88,7 +88,8 @@ impl ParseError {
     /// Every problem, in the order found.
     pub fn problems(&self) -> Vec<Problem> {
         match self {
-            // DESIGN §2: the size limit is part of the shape.
+            // The size limit is part of the shape
+            // (docs/design/definitions.md#limits).
             Self::TooLarge { .. } => vec![Problem {
                 kind: ProblemKind::Shape,
                 path: "$".into(),

@@ -1,5 +1,7 @@
-//! The WorkflowRun and TaskRun machines of spec 000, plus DESIGN §3's two
-//! added TaskRun edges (`cancel_retrying`, `reap_lease_final`).
+//! The WorkflowRun and TaskRun machines
+//! (docs/design/state-machines.md#taskrun), with the two added TaskRun edges
+//! `cancel_retrying` and `reap_lease_final`
+//! (docs/design/state-machines.md#added-edges).
 
 use std::fmt;
 use std::str::FromStr;
@@ -119,7 +121,8 @@ named_enum! {
         Running => "running",
         /// Finished with an output. Terminal.
         Succeeded => "succeeded",
-        /// An attempt failed. Resting here means failed for good (decision 1).
+        /// An attempt failed. Resting here means failed for good
+        /// (docs/design/state-machines.md#failed-for-good).
         Failed => "failed",
         /// Waiting for `retry_at` before the next attempt.
         Retrying => "retrying",

@@ -1,6 +1,6 @@
-//! The Clock port: an offset added to the store's own clock (DESIGN §3
-//! decision 8). Zero in production; tests move it to expire leases and
-//! bring retries due without sleeping.
+//! The Clock port: an offset added to the store's own clock
+//! (docs/design/leases-and-fencing.md#store-time). Zero in production; tests
+//! move it to expire leases and bring retries due without sleeping.
 
 use chrono::TimeDelta;
 

@@ -9,7 +9,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ids::RunId;
 
-/// Everything a handler gets for one attempt (DESIGN §6).
+/// Everything a handler gets for one attempt
+/// (docs/design/handlers.md#task-context).
 #[derive(Debug, Clone)]
 pub struct TaskContext {
     /// The run.
@@ -35,7 +36,8 @@ pub struct TaskContext {
     pub cancel: CancellationToken,
 }
 
-/// Whether a failed attempt may be retried (decision 1).
+/// Whether a failed attempt may be retried
+/// (docs/design/state-machines.md#permanent-failures).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailureKind {
     /// Another attempt may succeed; the retry policy decides.

@@ -1,6 +1,7 @@
-//! The Observer port: spec 002's lifecycle hooks. Called after the change
-//! is persisted; a failing or panicking observer is contained and logged,
-//! never allowed to affect the run.
+//! The Observer port: the lifecycle hooks
+//! (docs/design/handlers.md#lifecycle-hooks). Called after the change is
+//! persisted; a failing or panicking observer is contained and logged, never
+//! allowed to affect the run.
 
 use std::time::Duration;
 

@@ -1,4 +1,5 @@
-//! `cargo xtask check-deps`: the direction of dependencies (DESIGN §1),
+//! `cargo xtask check-deps`: the direction of dependencies
+//! (docs/design/layering.md#dependency-direction),
 //! enforced three ways.
 //!
 //! 1. **Layers.** Edges between workspace crates only point inwards:
@@ -134,7 +135,7 @@ fn check_layers(metadata: &Metadata) -> Vec<String> {
             if !dependency_allowed(from, to, kind) {
                 problems.push(format!(
                     "`{}` may not depend on `{dep}` ({kind} dependency in {}): dependencies point inwards, \
-                     domain <- ports <- adapters & app <- bins (DESIGN §1)",
+                     domain <- ports <- adapters & app <- bins (docs/design/layering.md#dependency-direction)",
                     member.name,
                     member.manifest.display()
                 ));

@@ -10,8 +10,9 @@
 //!   allow-lists of `domain`'s and `ports`' dependencies, and the scan of
 //!   `domain`'s source for I/O.
 //! * `cargo xtask tidy` ([`tidy`]) — house rules (`//!` docs, no
-//!   `#[ignore]`, manifests use the workspace). Also a `#[test]`, so
-//!   `cargo test` enforces them.
+//!   `#[ignore]`, manifests use the workspace, no citation of a document
+//!   outside the repository, no dangling `docs/design` reference). Also a
+//!   `#[test]`, so `cargo test` enforces them.
 //! * `cargo xtask deny-selftest` ([`deny_selftest`]) — proves the guards
 //!   bite: adds `tokio` to `domain`, asserts check-deps and the
 //!   domain-rooted cargo deny both fail, restores the manifest. Not part of
@@ -41,7 +42,7 @@ usage: cargo xtask <command>
 commands:
   ci              fmt, clippy, check-deps, cargo deny, tests: what CI runs
   check-deps      crate layering, dependency allow-lists, domain source scan
-  tidy            house rules: //! docs, no #[ignore], workspace manifests
+  tidy            house rules: //! docs, no #[ignore], workspace manifests, design references
   deny-selftest   prove check-deps and cargo deny reject tokio in domain
   bench [SUITE…]  run the benchmarks (embedded, postgres, distributed) and
                   write their figures beside the targets in BENCHMARKS.md

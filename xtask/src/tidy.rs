@@ -1,6 +1,10 @@
-//! `cargo xtask tidy`: the house rules of STYLE.md, checked as text
-//! (rust-analyzer's `xtask/src/tidy.rs` model). The same checks run as the
-//! `#[test]` [`tests::tidy`], so a plain `cargo test` enforces them.
+//! `cargo xtask tidy`: the house rules, checked as text (rust-analyzer's
+//! `xtask/src/tidy.rs` model). The same checks run as the `#[test]`
+//! [`tests::tidy`], so a plain `cargo test` enforces them.
+//!
+//! For the whole repository ([`references`]): no citation of a document
+//! outside it, and no reference to a `docs/design` file or heading that
+//! does not exist.
 //!
 //! For every workspace member:
 //! * every `.rs` file under `src/`, `tests/`, `benches/` and `examples/`
@@ -23,6 +27,8 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 use crate::{cargo, project_root, rust_files};
+
+mod references;
 
 /// Macros that must not be committed.
 const FORBIDDEN_MACROS: &[&str] = &[
@@ -69,6 +75,7 @@ pub(crate) fn check(root: &Path) -> Result<Vec<String>> {
             problems.extend(check_source(&text).into_iter().map(|p| format!("{shown}:{p}")));
         }
     }
+    problems.extend(references::check(root)?);
     Ok(problems)
 }
 

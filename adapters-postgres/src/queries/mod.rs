@@ -215,7 +215,8 @@ pub const CLAIM: &str = concat!(
     FROM workflow_run AS wr
     WHERE tr.id = $2 AND tr.state = 'ready' AND tr.fencing_token = $3
       AND wr.id = tr.run_id
-      -- A cancel request stops forward tasks; a rollback goes on (decision 5).
+      -- A cancel request stops forward tasks; a rollback goes on
+      -- (docs/design/cancellation.md#rollbacks-are-not-interrupted).
       AND (wr.cancel_requested_at IS NULL OR tr.compensate_for IS NOT NULL)
     RETURNING tr.id, tr.run_id, wr.workflow_id, tr.task_key, tr.compensate_for, tr.attempt, tr.fencing_token,
               tr.lease_expires_at, wr.state = 'pending' AS run_pending

@@ -1,6 +1,7 @@
-//! Publishing and loading (spec 001): idempotent by content, exclusive by
-//! (name, version), lossless, re-validated on the way out, and the
-//! first-publish race resolved by the unique constraint without deadlock.
+//! Publishing and loading (docs/design/definitions.md#publishing): idempotent
+//! by content, exclusive by (name, version), lossless, re-validated on the way
+//! out, and the first-publish race resolved by the unique constraint without
+//! deadlock.
 
 use std::sync::Arc;
 

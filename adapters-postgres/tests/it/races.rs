@@ -1,6 +1,7 @@
 //! Races across separate pools, released together by barriers and repeated
-//! enough to matter: the database decides every winner (spec 000, "The
-//! transition protocol"), so no test widens a window with a sleep.
+//! enough to matter: the database decides every winner
+//! (docs/design/state-machines.md#transition-protocol), so no test widens a
+//! window with a sleep.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

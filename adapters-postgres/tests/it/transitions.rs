@@ -1,6 +1,6 @@
-//! The transition protocol on one store: the caller contract of spec 000,
-//! retries, the reaper's two edges, cancellation, the scheduler pass and
-//! what reports read back.
+//! The transition protocol on one store: the caller contract
+//! (docs/design/state-machines.md#caller-contract), retries, the reaper's two
+//! edges, cancellation, the scheduler pass and what reports read back.
 
 use std::time::{Duration, Instant};
 

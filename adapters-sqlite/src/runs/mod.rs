@@ -1,4 +1,5 @@
-//! Runs and task runs: the transition protocol of spec 000 over SQLite.
+//! Runs and task runs: the transition protocol
+//! (docs/design/state-machines.md#transition-protocol) over SQLite.
 //!
 //! Every transition is one conditional UPDATE (`WHERE id = ? AND state = ?`
 //! and, for lease-spending edges, `AND fencing_token = ?`) with `RETURNING`,
@@ -358,9 +359,10 @@ impl RunStore for SqliteStore {
             lock(&self.inner.inputs).output(run, &col::<String>(row, 1)?, id.0, &output);
         }
         if rows.is_empty() {
-            // Not a transition, but an audit fact (decision 7), written by
-            // the same call: which worker presented which token, and where
-            // the row really was.
+            // Not a transition, but an audit fact
+            // (docs/design/leases-and-fencing.md#stale-writes), written by the
+            // same call: which worker presented which token, and where the row
+            // really was.
             return Ok(FinishResult::Stale);
         }
         // A retry also wakes the scheduler, whose next deadline may now be
@@ -375,7 +377,8 @@ impl RunStore for SqliteStore {
         from: TaskRunState,
         to: TaskRunState,
     ) -> Result<bool, TransitionError> {
-        // The caller contract of spec 000: refuse before any I/O.
+        // The caller contract (docs/design/state-machines.md#caller-contract):
+        // refuse before any I/O.
         let edge = resolve_generic_transition(from, to)?;
         let offset = self.inner.offset();
         let (text, makes_ready): (&'static str, bool) = match edge {
@@ -439,9 +442,9 @@ impl RunStore for SqliteStore {
         let batch = serde_json::to_string(&batch).map_err(|e| store::Error::Other(e.to_string()))?;
         const FINAL: &str = "lease expired on the final attempt";
         let offset = self.inner.offset();
-        // Each row is re-checked under the write lock (decision 2): a row a
-        // worker finished, renewed or another reaper took meanwhile is left
-        // alone.
+        // Each row is re-checked under the write lock
+        // (docs/design/leases-and-fencing.md#the-reaper): a row a worker
+        // finished, renewed or another reaper took meanwhile is left alone.
         let done = self
             .inner
             .write()

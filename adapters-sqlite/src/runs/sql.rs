@@ -143,7 +143,7 @@ macro_rules! generic_event {
 }
 
 /// The outbox row of task run `?2` after the event insert before it wrote
-/// one row (decision 9).
+/// one row (docs/design/outbox-and-queues.md#one-outbox-row-per-readiness).
 macro_rules! dispatch_if_changed {
     () => {
         concat!(
@@ -246,8 +246,9 @@ macro_rules! reapable {
 }
 
 /// What the reaper does to a row, decided on the data under the write lock
-/// (decision 2): `c` reap then cancel (a forward task of a cancel-requested
-/// run), `r` reap and re-dispatch (attempts left), `f` fail for good.
+/// (docs/design/leases-and-fencing.md#the-reaper): `c` reap then cancel (a
+/// forward task of a cancel-requested run), `r` reap and re-dispatch (attempts
+/// left), `f` fail for good.
 macro_rules! reap_kind {
     ($row:literal) => {
         concat!(

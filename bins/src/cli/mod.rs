@@ -1,13 +1,14 @@
 //! The command line of `flowforge` (clap derive): the top-level [`Cli`],
 //! one [`Command`] variant per subcommand, one module per command, and the
-//! exit codes of DESIGN §7.
+//! exit codes (docs/design/cli.md#exit-codes).
 //!
 //! Adding a command: a module with an `Args` struct (clap `Args`) and a
 //! `run(&Args) -> anyhow::Result<Exit>`, a variant in [`Command`], an arm in
-//! [`run`]. DESIGN §7's global options (`--db`, `--amqp`, `--queue`,
-//! `--lease-seconds`, `--log-format`, each with its environment variable)
-//! belong on [`Cli`] as `#[arg(long, global = true, env = "FLOWFORGE_…")]`
-//! fields, added with the first command that reads them.
+//! [`run`]. The global options (docs/design/cli.md#global-options: `--db`,
+//! `--amqp`, `--queue`, `--lease-seconds`, `--log-format`, each with its
+//! environment variable) belong on [`Cli`] as
+//! `#[arg(long, global = true, env = "FLOWFORGE_…")]` fields, added with the
+//! first command that reads them.
 //!
 //! Conventions: reports go to stdout, diagnostics about the tool itself to
 //! stderr; an error that escapes a command is an infrastructure error
@@ -44,7 +45,8 @@ pub(crate) struct Cli {
     pub(crate) command: Command,
 }
 
-/// DESIGN §7's global options, each with its environment variable.
+/// The global options, each with its environment variable
+/// (docs/design/cli.md#global-options).
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Global {
     /// The store: `sqlite://path.db` (created on first use),
@@ -189,7 +191,8 @@ pub(crate) fn fail(error: &flowforge::Error) -> Exit {
     }
 }
 
-/// The exit codes of DESIGN §7. Not every command uses every code.
+/// The exit codes (docs/design/cli.md#exit-codes). Not every command uses every
+/// code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Exit {
     /// 0: ok / the run succeeded.

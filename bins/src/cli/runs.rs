@@ -15,7 +15,8 @@ use super::{Exit, Global, fail, print_report};
 pub(crate) enum Output {
     /// A table of tasks and compensations.
     Text,
-    /// DESIGN §7's JSON run report (schema: `bins/schemas/run-report.schema.json`).
+    /// The JSON run report (docs/design/cli.md#reports) (schema:
+    /// `bins/schemas/run-report.schema.json`).
     Json,
 }
 

@@ -2,14 +2,13 @@
 //! file (at most 2 MiB is ever read), checks its shape then its graph, and
 //! reports every problem with its kind and JSONPath, or the fingerprint.
 //!
-//! The JSON report is DESIGN §7's, with a committed schema
-//! (`bins/schemas/validate-report.schema.json`):
-//! `{ "files": [ { "file", "valid", "fingerprint", "errors": [ { "kind",
-//! "path", "task", "message" } ] } ] }`. `kind` is `io` (the file could not
-//! be read; `path` is null), `json` (not JSON), `shape` (JSON Schema,
-//! including the size and nesting limits) or `graph` (graph and value
-//! rules; `path` is the
-//! `$.tasks[i]` of the task named).
+//! The JSON report is stable (docs/design/cli.md#reports), with a committed
+//! schema (`bins/schemas/validate-report.schema.json`): `{ "files": [ { "file",
+//! "valid", "fingerprint", "errors": [ { "kind", "path", "task", "message" } ]
+//! } ] }`. `kind` is `io` (the file could not be read; `path` is null), `json`
+//! (not JSON), `shape` (JSON Schema, including the size and nesting limits) or
+//! `graph` (graph and value rules; `path` is the `$.tasks[i]` of the task
+//! named).
 //!
 //! Exit 0 when every file is valid, 2 otherwise.
 
@@ -41,7 +40,7 @@ pub(crate) struct Args {
 pub(crate) enum Output {
     /// One line per valid file, one per error.
     Text,
-    /// The stable JSON report of DESIGN §7.
+    /// The stable JSON report (docs/design/cli.md#reports).
     Json,
 }
 

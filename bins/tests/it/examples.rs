@@ -1,7 +1,7 @@
 //! The examples are real: `etl.json`'s `command` tasks are run here, in
-//! topological order, with the protocol of DESIGN §6 (`{"inputs",
-//! "run_input"}` as JSON on stdin, a JSON object on stdout becomes the
-//! output), so the shell in the example cannot rot before the embedded
+//! topological order, with the protocol of docs/design/data-flow.md#inputs
+//! (`{"inputs", "run_input"}` as JSON on stdin, a JSON object on stdout becomes
+//! the output), so the shell in the example cannot rot before the embedded
 //! runner arrives to run it for real.
 
 use std::collections::BTreeMap;

@@ -1,4 +1,5 @@
-//! The bins crate's one integration-test binary (STYLE.md): end-to-end
+//! The bins crate's one integration-test binary
+//! (docs/design/testing.md#tests-by-layer): end-to-end
 //! tests of the `flowforge` binary, a module per command — they run the
 //! real executable in the workspace root, so file names in the output are
 //! the relative paths a user would type (`examples/etl.json`), except

@@ -1,11 +1,11 @@
-//! `flowforge run` end to end (DESIGN §7, issue 3): each example with its
-//! exit code and a JSON report valid against the committed schema, the
-//! default database created in the working folder, `--input` inline and
-//! `@file`, invalid definitions and inputs (exit 2 with the error),
+//! `flowforge run` end to end (docs/design/cli.md#commands, issue 3): each
+//! example with its exit code and a JSON report valid against the committed
+//! schema, the default database created in the working folder, `--input` inline
+//! and `@file`, invalid definitions and inputs (exit 2 with the error),
 //! `sqlite::memory:`, a changed definition under a published version, an
 //! unknown task type, `runs list|get|cancel`, a cancel from another process
-//! (exit 3) and Ctrl-C (exit 130, the run recorded as cancelled). Every
-//! test runs in a temp folder of its own.
+//! (exit 3) and Ctrl-C (exit 130, the run recorded as cancelled). Every test
+//! runs in a temp folder of its own.
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read};
@@ -114,7 +114,8 @@ fn run_example(name: &str) -> (Workdir, Outcome, Value) {
 }
 
 /// What the schema cannot say: a cancel reason exactly on cancelled tasks
-/// (DESIGN §3 decision 3) and an output exactly on succeeded ones.
+/// (docs/design/cancellation.md#transitive-cancellation) and an output exactly
+/// on succeeded ones.
 fn check_report_consistency(report: &Value) {
     for task in report["tasks"].as_array().expect("tasks") {
         assert_eq!(

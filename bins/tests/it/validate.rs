@@ -1,4 +1,4 @@
-//! `flowforge validate`: the examples, every row of spec 001's boundary
+//! `flowforge validate`: the examples, every row of the shape/graph boundary
 //! table (text and JSON), the size limit, unreadable files, a 9 000-task
 //! chain, the report schema and usage errors.
 
@@ -214,7 +214,7 @@ fn a_file_over_2_mib_is_refused() {
     assert_eq!(out.code, 2, "{out:?}");
     let report = assert_schema_valid("validate-report.schema.json", &out.stdout);
     let error = &report["files"][0]["errors"][0];
-    // DESIGN §2: the body limit is part of the shape.
+    // The body limit is part of the shape (docs/design/definitions.md#limits).
     assert_eq!(error["kind"], "shape", "{error}");
     assert_eq!(
         error["message"], "definition is 3145728 bytes; the limit is 2097152",

@@ -4,7 +4,7 @@ use std::fmt;
 
 use crate::graph::GraphError;
 
-/// A rule of spec 001 that a definition broke.
+/// A rule a definition broke (docs/design/definitions.md#two-stage-validation).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DefinitionError {
     /// The workflow name is empty or whitespace.
@@ -161,7 +161,8 @@ impl fmt::Display for DefinitionErrors {
 }
 
 /// Why stored rows do not give back the definition that was published
-/// (spec 001, "Loading": rows can go bad without the domain's help).
+/// (docs/design/definitions.md#loading: rows can go bad without the domain's
+/// help).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoredDefinitionError {
     /// The rows no longer make a valid definition.

@@ -1,4 +1,5 @@
-//! Workflow definitions as validated value objects (spec 001, DESIGN §2).
+//! Workflow definitions as validated value objects
+//! (docs/design/definitions.md#value-objects).
 //!
 //! A [`WorkflowDefinition`] cannot exist unless every rule holds: its
 //! constructor builds the dependency graph eagerly, so "forgot to force the
@@ -32,7 +33,7 @@ pub const MAX_SECONDS: f64 = 31_536_000.0;
 pub const MAX_ATTEMPTS: u32 = 1_000;
 /// The largest backoff multiplier accepted.
 pub const MAX_BACKOFF: f64 = 100.0;
-/// The default per-attempt timeout (decision 1).
+/// The default per-attempt timeout (docs/design/handlers.md#timeouts).
 pub const DEFAULT_TIMEOUT_SECONDS: f64 = 30.0;
 
 /// A validated workflow definition: forward DAG plus compensators.
@@ -306,7 +307,8 @@ impl WorkflowDefinition {
         self.compensators.iter().map(|(k, &i)| (k.as_str(), &self.tasks[i]))
     }
 
-    /// The effective retry policy of `task` (decision 1).
+    /// The effective retry policy of `task`
+    /// (docs/design/state-machines.md#attempts-and-retries).
     pub fn retry_policy(&self, task: &TaskDefinition) -> RetryPolicy {
         RetryPolicy::resolve(task.retry(), self.defaults.retry.as_ref())
     }

@@ -25,7 +25,8 @@ pub struct RetrySpec {
     pub max_delay_seconds: Option<f64>,
 }
 
-/// The retry policy a task actually runs with (decision 1).
+/// The retry policy a task actually runs with
+/// (docs/design/state-machines.md#attempts-and-retries).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct RetryPolicy {
     /// Total attempts allowed, the first included.
@@ -86,7 +87,8 @@ impl RetryPolicy {
     }
 
     /// Whether a failed attempt `attempt` gets another try, and after how
-    /// long. Permanent failures never retry (decision 1).
+    /// long. Permanent failures never retry
+    /// (docs/design/state-machines.md#permanent-failures).
     pub fn next_retry(&self, attempt: u32, permanent: bool) -> Option<Duration> {
         (!permanent && attempt < self.max_attempts).then(|| self.delay_after(attempt))
     }

@@ -1,4 +1,4 @@
-//! Contract cases: the generic transition path: illegal edges refused before any I/O, lost races reported as such.
+//! Contract cases: the generic transition path (docs/design/state-machines.md#caller-contract): illegal edges refused before any I/O, lost races reported as such.
 
 use std::sync::Arc;
 use std::time::Duration;

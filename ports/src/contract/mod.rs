@@ -1,7 +1,7 @@
 //! The store contract suite (feature `test-util`): one set of cases that
 //! every [`Store`] adapter must pass, written against the port traits only,
 //! so the embedded (SQLite) and distributed (PostgreSQL) modes cannot drift
-//! apart (DESIGN §8).
+//! apart (docs/design/testing.md#store-contract-suite).
 //!
 //! An adapter's integration tests implement [`StoreFactory`] (each call a
 //! fresh, empty store with its own database) and invoke
@@ -12,7 +12,7 @@
 //! Rules the cases follow: races are provoked with barriers, never sleeps;
 //! time moves with [`ManualClock`], never by waiting; leases are long
 //! (300 s) unless the case is about expiry; tokens are compared by order,
-//! never by value (DESIGN §3 decision 10).
+//! never by value (docs/design/state-machines.md#started).
 
 use std::future::Future;
 use std::sync::Arc;

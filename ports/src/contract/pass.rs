@@ -305,10 +305,10 @@ pub async fn compensators_are_created_once_and_dispatched<F: StoreFactory>(facto
     );
 }
 
-/// Decision 5: a cancel that arrives during a rollback does not interrupt
-/// it. A compensator of a cancel-requested run still claims, its heartbeat
-/// does not ask it to stop, and its expired lease re-dispatches it instead
-/// of cancelling it.
+/// docs/design/cancellation.md#rollbacks-are-not-interrupted: a cancel that
+/// arrives during a rollback does not interrupt it. A compensator of a
+/// cancel-requested run still claims, its heartbeat does not ask it to stop,
+/// and its expired lease re-dispatches it instead of cancelling it.
 pub async fn a_cancel_request_does_not_stop_a_rollback<F: StoreFactory>(factory: &F) {
     let (s, clock) = fresh(factory).await;
     let mut def = chain();

@@ -106,9 +106,10 @@ pub enum TransitionError {
     Store(#[from] Error),
 }
 
-/// Resolves a generic `from → to` request against the TaskRun machine,
-/// before any I/O: the caller contract of spec 000. Stores call this first
-/// in `transition_task_run`; `Ok` carries the edge to apply.
+/// Resolves a generic `from → to` request against the TaskRun machine, before
+/// any I/O: the caller contract
+/// (docs/design/state-machines.md#caller-contract). Stores call this first in
+/// `transition_task_run`; `Ok` carries the edge to apply.
 pub fn resolve_generic_transition(from: TaskRunState, to: TaskRunState) -> Result<TaskTransition, TransitionError> {
     let mut edges = task_machine().edges_between(from, to).peekable();
     let Some(first) = edges.peek().map(|t| t.name) else {

@@ -1,11 +1,12 @@
 //! The store ports: definitions, runs and task runs, the outbox, workers and
 //! wake-ups. Written so that SQLite and PostgreSQL implement them alike.
 //!
-//! Every task-run transition is ONE conditional UPDATE decided by the
-//! database, with its event row written in the same transaction only when
-//! the UPDATE matched (DESIGN §3 decision 7). All lease, retry and reaper
-//! arithmetic uses store time: the database's clock plus the
-//! [`Clock`](crate::Clock) offset (decision 8); no method takes a wall-clock
+//! Every task-run transition is ONE conditional UPDATE decided by the database,
+//! with its event row written in the same transaction only when the UPDATE
+//! matched (docs/design/state-machines.md#event-history). All lease, retry and
+//! reaper arithmetic uses store time: the database's clock plus the
+//! [`Clock`](crate::Clock) offset
+//! (docs/design/leases-and-fencing.md#store-time); no method takes a wall-clock
 //! argument.
 
 mod error;
@@ -48,7 +49,7 @@ pub trait Notifier: Send + Sync + 'static {
     fn notified(&self, topic: Topic) -> impl Future<Output = ()> + Send;
 }
 
-/// Publishing and loading definitions (spec 001, "Publishing").
+/// Publishing and loading definitions (docs/design/definitions.md#publishing).
 pub trait DefinitionStore: Send + Sync + 'static {
     /// Publishes atomically (workflow and tasks together or not at all).
     ///
@@ -78,29 +79,35 @@ pub trait DefinitionStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<Published>, LoadError>> + Send;
 }
 
-/// Runs and task runs: the transition protocol of spec 000.
+/// Runs and task runs: the transition protocol
+/// (docs/design/state-machines.md#transition-protocol).
 pub trait RunStore: Send + Sync + 'static {
     /// The per-run scheduler transaction.
     type Pass: RunPass;
     /// The store's wake-up source.
     type Notifier: Notifier;
 
-    /// Creates a pending run of a published definition with one task run
-    /// per forward task (state from `initial_task_run_state`; compensators
-    /// are not materialised) and, in the same transaction, one outbox row
-    /// per task run created ready (decision 9). Wakes the publisher.
+    /// Creates a pending run of a published definition with one task run per
+    /// forward task (state from `initial_task_run_state`; compensators are not
+    /// materialised) and, in the same transaction, one outbox row per task run
+    /// created ready
+    /// (docs/design/outbox-and-queues.md#one-outbox-row-per-readiness). Wakes
+    /// the publisher.
     fn start_run(&self, workflow: WorkflowId, input: Value) -> impl Future<Output = Result<RunId, Error>> + Send;
 
-    /// Requests cancellation (decision 5): records the request and wakes
-    /// the scheduler, which cancels what it can. A claim never succeeds for
-    /// a cancel-requested run. `Ok(None)`: no such run.
+    /// Requests cancellation (docs/design/cancellation.md#cancel-requests):
+    /// records the request and wakes the scheduler, which cancels what it can.
+    /// A claim never succeeds for a cancel-requested run. `Ok(None)`: no such
+    /// run.
     fn request_cancel(&self, run: RunId) -> impl Future<Output = Result<Option<CancelOutcome>, Error>> + Send;
 
-    /// Claims a ready task run for a dispatch: `ready → running` WHERE
-    /// `state = 'ready' AND fencing_token = token` and, for a forward task,
-    /// the run is not cancel-requested (a compensator still claims: a cancel
-    /// does not interrupt a rollback, decision 5); bumps the token, sets the lease to store now +
-    /// `lease`, `started_at = COALESCE(started_at, now)`.
+    /// Claims a ready task run for a dispatch: `ready → running` WHERE `state =
+    /// 'ready' AND fencing_token = token` and, for a forward task, the run is
+    /// not cancel-requested (a compensator still claims: a cancel does not
+    /// interrupt a rollback,
+    /// docs/design/cancellation.md#rollbacks-are-not-interrupted); bumps the
+    /// token, sets the lease to store now + `lease`, `started_at =
+    /// COALESCE(started_at, now)`.
     ///
     /// Contract: `Ok(None)` when the row is not ready at that token (a
     /// duplicate or stale dispatch, or a lost race): the caller acks
@@ -148,11 +155,12 @@ pub trait RunStore: Send + Sync + 'static {
     /// row), `cancel_pending`, `cancel_ready`, `cancel_retrying` (reason
     /// `user`).
     ///
-    /// Contract (spec 000): an edge not in the machine →
-    /// [`TransitionError::Illegal`] before any I/O; a lease-requiring edge →
-    /// [`TransitionError::LeaseRequired`]; `claim`, the reaper's edges and
-    /// `schedule_retry` → [`TransitionError::Reserved`] naming their
-    /// operation; a legal edge that another writer beat → `Ok(false)`.
+    /// Contract (docs/design/state-machines.md#caller-contract): an edge not in
+    /// the machine → [`TransitionError::Illegal`] before any I/O; a
+    /// lease-requiring edge → [`TransitionError::LeaseRequired`]; `claim`, the
+    /// reaper's edges and `schedule_retry` → [`TransitionError::Reserved`]
+    /// naming their operation; a legal edge that another writer beat →
+    /// `Ok(false)`.
     fn transition_task_run(
         &self,
         id: TaskRunId,
@@ -160,13 +168,14 @@ pub trait RunStore: Send + Sync + 'static {
         to: TaskRunState,
     ) -> impl Future<Output = Result<bool, TransitionError>> + Send;
 
-    /// Takes back expired leases (decision 2): for each running row with
-    /// `lease_expires_at < store now`, one conditional UPDATE that bumps the
-    /// token — `reap_lease` (attempt + 1, outbox row) when attempts remain,
-    /// else `reap_lease_final`; for a forward task of a cancel-requested
-    /// run, `reap_lease` then `cancel_ready` in one transaction with no
-    /// dispatch (a compensator is re-dispatched: the rollback goes on). A row a
-    /// worker has just finished is never touched.
+    /// Takes back expired leases
+    /// (docs/design/leases-and-fencing.md#the-reaper): for each running row
+    /// with `lease_expires_at < store now`, one conditional UPDATE that bumps
+    /// the token — `reap_lease` (attempt + 1, outbox row) when attempts remain,
+    /// else `reap_lease_final`; for a forward task of a cancel-requested run,
+    /// `reap_lease` then `cancel_ready` in one transaction with no dispatch (a
+    /// compensator is re-dispatched: the rollback goes on). A row a worker has
+    /// just finished is never touched.
     fn reap_expired_leases(&self, scope: Scope, limit: u32) -> impl Future<Output = Result<Vec<Reaped>, Error>> + Send;
 
     /// Runs that need a scheduler pass: a flagged task run, a due retry, or
@@ -193,11 +202,11 @@ pub trait RunStore: Send + Sync + 'static {
     fn notifier(&self) -> impl Future<Output = Result<Self::Notifier, Error>> + Send;
 }
 
-/// One run's scheduler transaction (DESIGN §5). Every method runs inside
-/// the transaction; nothing is visible to others until [`RunPass::commit`];
-/// dropping the pass rolls it back. Each change is a conditional UPDATE
-/// with its event row, so a row another writer changed meanwhile is simply
-/// skipped (and reported as not changed).
+/// One run's scheduler transaction (docs/design/scheduler.md#the-pass). Every
+/// method runs inside the transaction; nothing is visible to others until
+/// [`RunPass::commit`]; dropping the pass rolls it back. Each change is a
+/// conditional UPDATE with its event row, so a row another writer changed
+/// meanwhile is simply skipped (and reported as not changed).
 pub trait RunPass: Send + 'static {
     /// The locked run.
     fn run(&self) -> &LockedRun;
@@ -270,7 +279,8 @@ pub trait RunPass: Send + 'static {
     fn commit(self) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
-/// The transactional outbox (decision 9).
+/// The transactional outbox
+/// (docs/design/outbox-and-queues.md#one-outbox-row-per-readiness).
 pub trait OutboxStore: Send + Sync + 'static {
     /// A sweep transaction.
     type Sweep: OutboxSweep;
@@ -293,7 +303,7 @@ pub trait OutboxSweep: Send + 'static {
     fn commit(self) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
-/// Worker registrations (DESIGN §5).
+/// Worker registrations (docs/design/handlers.md#worker-registry).
 pub trait WorkerRegistry: Send + Sync + 'static {
     /// Records (or refreshes) a worker and the task types it serves.
     fn register_worker(&self, worker: &WorkerRegistration) -> impl Future<Output = Result<(), Error>> + Send;

@@ -129,8 +129,9 @@ pub enum TaskOutcome {
         /// The task's output.
         output: Value,
     },
-    /// `fail`; with `retry_in`, also `schedule_retry` in the same
-    /// transaction (decision 1), `retry_at = store now + retry_in`.
+    /// `fail`; with `retry_in`, also `schedule_retry` in the same transaction
+    /// (docs/design/state-machines.md#attempts-and-retries), `retry_at = store
+    /// now + retry_in`.
     Failed {
         /// What went wrong.
         error: String,
@@ -189,7 +190,8 @@ pub struct Reaped {
 /// The outcome of a cancel request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CancelOutcome {
-    /// Recorded; the scheduler will cancel what it can (decision 5).
+    /// Recorded; the scheduler will cancel what it can
+    /// (docs/design/cancellation.md#cancel-requests).
     Requested,
     /// A cancel was already requested.
     AlreadyRequested,
@@ -328,7 +330,7 @@ pub struct RunDetail {
     pub events: Vec<EventView>,
 }
 
-/// A worker's registration (DESIGN §5).
+/// A worker's registration (docs/design/handlers.md#worker-registry).
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkerInfo {
     /// Its id.

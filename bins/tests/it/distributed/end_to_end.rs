@@ -75,8 +75,9 @@ async fn runs_across_processes_report_what_the_embedded_mode_reports() {
         assert!(out.stdout.contains("is migrated"), "{out:?}");
     }
     let store = cluster.db.store().await;
-    // Two workers, and a second scheduler and publisher beside the first:
-    // any number of each may run side by side (DESIGN §5).
+    // Two workers, and a second scheduler and publisher beside the first: any
+    // number of each may run side by side
+    // (docs/design/scheduler.md#several-schedulers).
     let processes = [
         cluster.spawn("worker-1", ["worker", "--concurrency", "2"]),
         cluster.spawn("worker-2", ["worker", "--concurrency", "2"]),
@@ -142,8 +143,8 @@ async fn runs_across_processes_report_what_the_embedded_mode_reports() {
     assert!(refused.stderr.contains("teleport"), "names the type: {refused:?}");
     assert!(refused.stdout.is_empty(), "{refused:?}");
 
-    // So is a task timeout longer than a worker can hold a delivery
-    // (RabbitMQ's consumer timeout, DESIGN §5).
+    // So is a task timeout longer than a worker can hold a delivery (RabbitMQ's
+    // consumer timeout, docs/design/outbox-and-queues.md#consumer-timeout).
     let too_long = cluster.json(
         "too-long.json",
         &json!({"name": "too-long", "version": 1, "tasks": [

@@ -1,11 +1,11 @@
-//! Real `flowforge worker` processes meeting trouble (spec 000, "The
-//! worker"): one killed mid-task loses the task to the reaper and the task
-//! completes exactly once; one stopped until its lease is reaped cannot
-//! overwrite the newer attempt when it resumes (its finish is rejected and
-//! audited with its token); SIGTERM lets the in-flight task finish and be
-//! acked, then the process exits 0, as it does when idle; a worker cut off
-//! from the broker (through the test's own proxy) reconnects by itself,
-//! and SIGTERM interrupts its reconnect wait at once.
+//! Real `flowforge worker` processes meeting trouble
+//! (docs/design/handlers.md#the-worker): one killed mid-task loses the task to
+//! the reaper and the task completes exactly once; one stopped until its lease
+//! is reaped cannot overwrite the newer attempt when it resumes (its finish is
+//! rejected and audited with its token); SIGTERM lets the in-flight task finish
+//! and be acked, then the process exits 0, as it does when idle; a worker cut
+//! off from the broker (through the test's own proxy) reconnects by itself, and
+//! SIGTERM interrupts its reconnect wait at once.
 //!
 //! Only the worker whose lease must expire runs with a short lease
 //! (`--lease-seconds 5`: the reaper acts within seconds, yet a heartbeat

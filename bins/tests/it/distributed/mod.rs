@@ -54,7 +54,7 @@ const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 pub(crate) const PATIENCE: Duration = Duration::from_secs(90);
 
 /// The lease of every attempt not about reaping: a slow machine never reaps
-/// it by accident (DESIGN §3 decision 8).
+/// it by accident (docs/design/leases-and-fencing.md#store-time).
 pub(crate) const LONG_LEASE: Duration = Duration::from_secs(300);
 
 /// Says why tests are skipped on the real stderr (the harness would hide
@@ -655,8 +655,8 @@ pub(crate) async fn settled(store: &PgStore, run: RunId) -> RunDetail {
     .await
 }
 
-/// A JSON run report (DESIGN §7) in the form two runs of the same
-/// definition and input must agree on.
+/// A JSON run report (docs/design/cli.md#reports) in the form two runs of the
+/// same definition and input must agree on.
 pub(crate) fn comparable(report: &Value) -> Value {
     flowforge_app::RunReport::comparable_json(report)
 }

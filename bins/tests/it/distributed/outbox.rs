@@ -1,10 +1,10 @@
-//! The outbox publisher over PostgreSQL and RabbitMQ, in process (spec 000,
-//! "Delivery guarantees", point by point): a confirmed publish is on the
-//! bound queue with the exact payload; an unroutable one is an error and
-//! its row stays unpublished; while the broker is unreachable rows stay
-//! pending and are drained exactly once each when it is back; rows a
-//! crashed publisher never published are delivered by a fresh one; two
-//! publishers in parallel publish each row exactly once between them.
+//! The outbox publisher over PostgreSQL and RabbitMQ, in process
+//! (docs/design/outbox-and-queues.md#the-publisher, point by point): a
+//! confirmed publish is on the bound queue with the exact payload; an
+//! unroutable one is an error and its row stays unpublished; while the broker
+//! is unreachable rows stay pending and are drained exactly once each when it
+//! is back; rows a crashed publisher never published are delivered by a fresh
+//! one; two publishers in parallel publish each row exactly once between them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -46,9 +46,8 @@ async fn start_independent(store: &PgStore, name: &str, n: usize) -> flowforge_p
     store.start_run(published.id, json!({})).await.expect("start a run")
 }
 
-/// The wire form of a dispatch: exactly these fields (spec 000: dispatch
-/// id, task run id, task key and fencing token; DESIGN adds the run and the
-/// task type).
+/// The wire form of a dispatch: exactly these fields
+/// (docs/design/outbox-and-queues.md#dispatch-messages).
 fn payload(d: &Dispatch) -> Value {
     json!({
         "dispatch_id": d.dispatch_id.0,

@@ -1,9 +1,11 @@
-//! The dispatch queue is a quorum queue (spec 000): over a classic queue of
+//! The dispatch queue is a quorum queue
+//! (docs/design/outbox-and-queues.md#quorum-queues): over a classic queue of
 //! the same name the worker stops at once with the typed mismatch error
-//! carrying the migration procedure — in process and as a `flowforge
-//! worker` process (exit 4) — and never retries it. The publisher declares
-//! only the exchange (DESIGN §5), so its typed error is about an exchange of
-//! another type: the sweep fails without retrying and the row stays.
+//! carrying the migration procedure — in process and as a `flowforge worker`
+//! process (exit 4) — and never retries it. The publisher declares only the
+//! exchange (docs/design/outbox-and-queues.md#topology), so its typed error is
+//! about an exchange of another type: the sweep fails without retrying and the
+//! row stays.
 
 use std::sync::Arc;
 
@@ -19,7 +21,8 @@ use tokio_util::sync::CancellationToken;
 use super::cluster::Cluster;
 use super::{Broker, TestDb, both_services, independent_tasks, outbox, outbox_publisher, within};
 
-/// What the mismatch error must tell an operator (spec 000's five steps).
+/// What the mismatch error must tell an operator (the five steps of
+/// docs/design/outbox-and-queues.md#quorum-queues).
 #[track_caller]
 fn assert_carries_the_procedure(message: &str, queue: &str) {
     for needle in [

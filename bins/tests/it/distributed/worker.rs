@@ -1,11 +1,11 @@
-//! The worker over PostgreSQL and RabbitMQ, in process (spec 000, "The
-//! worker"): a dispatch delivered again — while its attempt runs on another
-//! consumer, or after it finished — claims nothing, is acked without
-//! running the handler, and leaves nothing on the queue; an ack lost after
-//! the outcome is stored brings a redelivery that is acked without running;
-//! an outcome that cannot be stored is nacked for requeue, never acked, and
-//! the reaper retries the task once its lease expires. Outages go through
-//! the test's own TCP proxy.
+//! The worker over PostgreSQL and RabbitMQ, in process
+//! (docs/design/outbox-and-queues.md#redelivery): a dispatch delivered again —
+//! while its attempt runs on another consumer, or after it finished — claims
+//! nothing, is acked without running the handler, and leaves nothing on the
+//! queue; an ack lost after the outcome is stored brings a redelivery that is
+//! acked without running; an outcome that cannot be stored is nacked for
+//! requeue, never acked, and the reaper retries the task once its lease
+//! expires. Outages go through the test's own TCP proxy.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

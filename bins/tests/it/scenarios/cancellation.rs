@@ -1,8 +1,7 @@
-//! Failure propagation (spec 002, "Failure Propagation & Transitive
-//! Cancellation"; DESIGN §3 decision 3): when a task fails for good, its
-//! whole downstream chain is cancelled with `upstream_failed` in the same
-//! scheduler pass, while an independent branch runs on to success; the run
-//! then fails.
+//! Failure propagation (docs/design/cancellation.md#transitive-cancellation):
+//! when a task fails for good, its whole downstream chain is cancelled with
+//! `upstream_failed` in the same scheduler pass, while an independent branch
+//! runs on to success; the run then fails.
 
 use flowforge::{HandlerError, RunState, TaskContext};
 use flowforge_app::worker::Handled;

@@ -1,4 +1,4 @@
-//! Compensation (spec 001, "Compensation"; DESIGN §3 decision 6): once a
+//! Compensation (docs/design/compensation.md#one-at-a-time): once a
 //! run's forward tasks settle as failed, the compensators of the succeeded
 //! tasks run strictly one at a time, in reverse dependency order, each
 //! seeing the output of the task it undoes; the run is held `running`
@@ -289,7 +289,8 @@ async fn a_cancel_that_arrives_during_the_rollback_does_not_interrupt_it() {
     assert_eq!(compensators(&d), [("undo_b".to_owned(), TaskRunState::Ready)]);
     assert_eq!(d.summary.state, RunState::Running);
 
-    // The user cancels now: the rollback goes on to its end (decision 5).
+    // The user cancels now: the rollback goes on to its end
+    // (docs/design/cancellation.md#rollbacks-are-not-interrupted).
     s.engine.cancel(run).await.expect("cancel");
     s.settle(run).await;
     let d = s.detail(run).await;
@@ -353,7 +354,7 @@ async fn a_cancel_does_not_stop_a_running_compensator() {
     assert_eq!(
         within("the compensator to finish", handling).await.expect("join"),
         Handled::Finished(FinishResult::Recorded(TaskRunState::Succeeded)),
-        "a cancel that arrives during a rollback does not interrupt it (decision 5)"
+        "a cancel that arrives during a rollback does not interrupt it"
     );
     s.settle(run).await;
     let d = s.detail(run).await;

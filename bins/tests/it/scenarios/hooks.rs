@@ -1,4 +1,4 @@
-//! Lifecycle hooks (spec 002, "Lifecycle Hooks"; DESIGN §6): task start,
+//! Lifecycle hooks (docs/design/handlers.md#lifecycle-hooks): task start,
 //! succeeded, failed, retry and workflow done fire in order — start before
 //! each attempt's outcome, workflow done last, after the rollback — and
 //! only after the change they announce is stored; a panicking observer is

@@ -1,9 +1,11 @@
-//! Leases, the reaper and fencing (spec 000; DESIGN §3 decisions 2 and 7),
-//! with store time moved through the Clock port: a stalled worker's lease
-//! is reaped and the task runs again; the stalled worker's late finish is
-//! rejected as stale and audited; a lease lost on the final attempt fails
-//! the task (`reap_lease_final`) and its dependents; a cancel-requested
-//! run's expired lease is reaped straight into `cancelled`.
+//! Leases, the reaper and fencing
+//! (docs/design/leases-and-fencing.md#the-reaper,
+//! docs/design/leases-and-fencing.md#stale-writes), with store time moved
+//! through the Clock port: a stalled worker's lease is reaped and the task runs
+//! again; the stalled worker's late finish is rejected as stale and audited; a
+//! lease lost on the final attempt fails the task (`reap_lease_final`) and its
+//! dependents; a cancel-requested run's expired lease is reaped straight into
+//! `cancelled`.
 
 use std::time::Duration;
 

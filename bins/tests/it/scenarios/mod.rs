@@ -1,10 +1,11 @@
-//! App-level scenario tests (issue 3): spec 002's behaviour and spec 001's
-//! compensation, over a real SQLite file and the in-process queue, driven
-//! through the embedding API. Most tests step the engine by hand (a
-//! scheduler pass, an outbox sweep, one delivery at a time) with a
-//! [`ManualClock`] for store time, so every intermediate state can be
-//! checked and no test waits on wall-clock time for a retry or a lease.
-//! One file per theme; this module holds the harness.
+//! App-level scenario tests (issue 3): the engine's behaviour and its
+//! compensation (docs/design/state-machines.md#deriving-the-run-state,
+//! docs/design/compensation.md#one-at-a-time), over a real SQLite file and the
+//! in-process queue, driven through the embedding API. Most tests step the
+//! engine by hand (a scheduler pass, an outbox sweep, one delivery at a time)
+//! with a [`ManualClock`] for store time, so every intermediate state can be
+//! checked and no test waits on wall-clock time for a retry or a lease. One
+//! file per theme; this module holds the harness.
 
 mod cancellation;
 mod compensation;
@@ -36,8 +37,8 @@ use tempfile::TempDir;
 
 pub(crate) use flowforge::EmbeddedBuilder;
 
-/// The lease of every test not about reaping: long enough that a slow
-/// machine never reaps by accident (DESIGN §3 decision 8).
+/// The lease of every test not about reaping: long enough that a slow machine
+/// never reaps by accident (docs/design/leases-and-fencing.md#store-time).
 pub(crate) const LONG_LEASE: Duration = Duration::from_secs(300);
 
 /// How long any wait for something the engine does may take before the

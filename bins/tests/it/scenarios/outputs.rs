@@ -1,4 +1,4 @@
-//! Data flow (spec 002, "Data Flow & Task Outputs"; DESIGN §6): a task's
+//! Data flow (docs/design/data-flow.md#inputs): a task's
 //! output reaches its dependents' `inputs` under its key, with the run
 //! input beside it; an output over the size limit or not serialisable as
 //! JSON is a failed attempt with a clear error, and a permanent one.

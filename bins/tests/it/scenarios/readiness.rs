@@ -1,4 +1,4 @@
-//! Readiness (spec 002, "Scheduling and Readiness"): a task becomes ready,
+//! Readiness (docs/design/scheduler.md#the-pass): a task becomes ready,
 //! and is claimed, only once every one of its dependencies succeeded; a
 //! dispatch for a task that is not ready claims nothing; independent
 //! branches run side by side.

@@ -1,7 +1,7 @@
-//! At-least-once delivery without double execution (spec 000, "The
-//! worker"; DESIGN §3 decision 9): a dispatch delivered again — while its
-//! task runs, or after it finished — matches no claim, is acked without
-//! running, and leaves the history alone.
+//! At-least-once delivery without double execution
+//! (docs/design/outbox-and-queues.md#redelivery): a dispatch delivered again —
+//! while its task runs, or after it finished — matches no claim, is acked
+//! without running, and leaves the history alone.
 
 use std::sync::Arc;
 

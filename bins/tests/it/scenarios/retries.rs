@@ -1,9 +1,9 @@
-//! Retries (spec 002, "Retries and Exponential Backoff"; DESIGN §3
-//! decision 1): a failed attempt with attempts left moves failed →
-//! retrying in the same transaction, with `retry_at = store now +
-//! min(delay × backoff^(k−1), max_delay)`; the scheduler makes it ready
-//! only when store time reaches it; exhausted retries fail the task for
-//! good; permanent failures and panics are handled as the design says.
+//! Retries (docs/design/state-machines.md#attempts-and-retries): a failed
+//! attempt with attempts left moves failed → retrying in the same transaction,
+//! with `retry_at = store now + min(delay × backoff^(k−1), max_delay)`; the
+//! scheduler makes it ready only when store time reaches it; exhausted retries
+//! fail the task for good; permanent failures and panics are handled as the
+//! design says.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! Timeouts (spec 002, "Timeouts"; DESIGN §6): an async handler that
+//! Timeouts (docs/design/handlers.md#timeouts): an async handler that
 //! overruns its `timeout_seconds` is abandoned (its future dropped), a
 //! `command` task's whole process group is terminated — no child or
 //! grandchild left behind — and either way the attempt counts as a failed

@@ -1,4 +1,5 @@
-//! A user's cancellation (DESIGN §3 decisions 4 and 5): the running
+//! A user's cancellation (docs/design/cancellation.md#cancel-requests,
+//! docs/design/state-machines.md#deriving-the-run-state): the running
 //! handler is stopped and its task ends `cancelled` through
 //! `cancel_running`; pending, ready and retrying tasks are cancelled by
 //! their own edges, all with reason `user`; the run ends `cancelled` (exit
@@ -108,7 +109,7 @@ async fn cancelling_a_running_run_stops_its_handler_and_cancels_the_waiting_task
         assert_eq!(
             (t.state, t.cancel_reason),
             cancelled_by_user(),
-            "{key} waits on a task the USER cancelled: reason user (decision 5), not upstream_failed"
+            "{key} waits on a task the USER cancelled: reason user, not upstream_failed"
         );
     }
     assert_eq!(task_of(&d, "prep").state, TaskRunState::Succeeded);
