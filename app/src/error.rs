@@ -31,6 +31,10 @@ pub enum Error {
     /// A task's timeout is above what the queue can honour.
     #[error("{0}")]
     TimeoutTooLong(String),
+    /// A worker slot panicked: the worker no longer serves what it
+    /// advertises, so it must end with a failure and be restarted.
+    #[error("a worker slot panicked: {0}")]
+    SlotPanicked(String),
 }
 
 impl Error {
@@ -38,7 +42,7 @@ impl Error {
     /// the input's (exit code 2).
     pub fn is_infrastructure(&self) -> bool {
         match self {
-            Self::Store(_) | Self::Queue(_) => true,
+            Self::Store(_) | Self::Queue(_) | Self::SlotPanicked(_) => true,
             Self::Load(e) => !matches!(e, LoadError::NotFound(_)),
             Self::Publish(e) => matches!(e, PublishError::Store(_)),
             Self::UnknownTaskTypes { .. } | Self::RunNotFound(_) | Self::TimeoutTooLong(_) => false,

@@ -184,7 +184,8 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
 
     /// Runs every concurrency slot until `shutdown`: each slot stops
     /// consuming, finishes and acks its in-flight delivery, and returns.
-    /// A queue-type mismatch ends the worker with that error.
+    /// A queue-type mismatch ends the worker with that error; a slot that
+    /// panicked stops the others and ends it with [`Error::SlotPanicked`].
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<(), Error> {
         let mut slots = JoinSet::new();
         for slot in 0..self.config.concurrency {
@@ -203,6 +204,12 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 Err(e) => {
                     tracing::error!(error = %e, "a worker slot panicked");
                     shutdown.cancel();
+                    let why = if e.is_panic() {
+                        crate::registry::panic_message(e.into_panic().as_ref())
+                    } else {
+                        e.to_string()
+                    };
+                    result = Err(Error::SlotPanicked(why));
                 }
             }
         }

@@ -14,6 +14,7 @@ mod outputs;
 mod readiness;
 mod redelivery;
 mod retries;
+mod slots;
 mod timeouts;
 mod user_cancel;
 
