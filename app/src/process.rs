@@ -19,10 +19,15 @@ use crate::worker::Worker;
 /// How recently a worker must have been seen to count as live.
 pub const LIVE_WORKER_WINDOW: Duration = Duration::from_secs(90);
 
-/// Publishes `def` if every task type is built in or served by a live
-/// worker (distributed mode, DESIGN §2).
+/// Publishes `def` if every task type is served by a live worker, or is a
+/// built-in every worker serves (all but `command`, which a worker serves
+/// only with `--allow-command`).
 pub async fn publish_checked<S: Store>(store: &S, def: &WorkflowDefinition) -> Result<Published, Error> {
-    let mut known: BTreeSet<String> = BUILTIN_TYPES.iter().map(|t| (*t).to_owned()).collect();
+    let mut known: BTreeSet<String> = BUILTIN_TYPES
+        .iter()
+        .filter(|t| **t != "command")
+        .map(|t| (*t).to_owned())
+        .collect();
     known.extend(store.live_task_types(LIVE_WORKER_WINDOW).await?);
     check_task_types(def, &known)?;
     Ok(store.publish_definition(def).await?)
