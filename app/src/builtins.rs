@@ -21,8 +21,9 @@ pub struct BuiltinOptions {
     /// `--allow-command`.
     pub allow_command: bool,
     /// The folder a relative `cwd` (and a command's default working
-    /// directory) is resolved against: the definition's folder in embedded
-    /// mode, the worker's working directory otherwise.
+    /// directory) is resolved against, and which a `cwd` must not leave:
+    /// the definition's folder in embedded mode, the worker's working
+    /// directory otherwise.
     pub base_dir: PathBuf,
     /// How long a command's process group gets between SIGTERM and SIGKILL.
     pub kill_grace: Duration,
