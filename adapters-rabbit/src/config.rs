@@ -220,12 +220,34 @@ fn literal_host(url: &str) -> Option<String> {
     host.parse::<std::net::IpAddr>().ok().map(|ip| ip.to_string())
 }
 
-/// `url` with the password of its user info replaced by `***`.
+/// `url` with the password of its user info, and the value of a
+/// `password=` query parameter, replaced by `***`.
 pub(crate) fn redact(url: &str) -> String {
+    let (head, query) = url.split_once('?').map_or((url, None), |(h, q)| (h, Some(q)));
+    let mut out = redact_userinfo(head);
+    if let Some(query) = query {
+        let params: Vec<String> = query
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
+                _ => p.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
+    }
+    out
+}
+
+fn redact_userinfo(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+        // Not a URL: whatever sits between a `:` and an `@` may be one.
+        return match (url.find(':'), url.rfind('@')) {
+            (Some(colon), Some(at)) if colon < at => format!("{}:***{}", &url[..colon], &url[at..]),
+            _ => url.to_owned(),
+        };
     };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let end = rest.find(['/', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
     match authority.rsplit_once('@') {
         Some((userinfo, host)) => {
@@ -252,6 +274,11 @@ mod tests {
         );
         assert_eq!(redact("amqp://guest@host/%2f"), "amqp://guest@host/%2f");
         assert_eq!(redact("amqp://host"), "amqp://host");
+        assert_eq!(
+            redact("amqp://guest@host/%2f?heartbeat=5&password=secret"),
+            "amqp://guest@host/%2f?heartbeat=5&password=***"
+        );
+        assert_eq!(redact("guest:secret@host"), "guest:***@host");
         let debug = format!("{:?}", RabbitConfig::new("amqp://u:p4ss@h/v"));
         assert!(!debug.contains("p4ss"), "{debug}");
     }

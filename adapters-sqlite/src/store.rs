@@ -144,9 +144,40 @@ fn is_memory(url: &str) -> bool {
     db == ":memory:" || params.split('&').any(|p| p == "mode=memory")
 }
 
+/// Creates the database file (0600) and the folders above it (0700) when
+/// missing, so that only their owner can read the runs' inputs and outputs.
+/// SQLite gives the `-wal` and `-shm` files the database file's mode.
+/// Existing files and folders keep theirs: their owner chose them.
+fn create_private(path: &std::path::Path) -> Result<(), store::Error> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if let Some(parent) = path.parent()
+        && !parent.as_os_str().is_empty()
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(|e| store::Error::Unavailable(format!("cannot create folder {}: {e}", parent.display())))?;
+    }
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(store::Error::Unavailable(format!(
+            "cannot create database file {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
 impl SqliteStore {
     /// Opens (creating if missing, with its folder) the database at `url`
-    /// and applies the embedded migrations.
+    /// and applies the embedded migrations. A created file is private to
+    /// its owner (0600, its folders 0700).
     ///
     /// Accepts `sqlite://path/to/file.db`, `sqlite:relative.db` and
     /// `sqlite::memory:`; an in-memory database lives on one shared
@@ -183,13 +214,7 @@ impl SqliteStore {
                 // definition, a large output) spills into more overflow
                 // pages, which only its rare reads pay for.
                 .page_size(PAGE_SIZE);
-            if let Some(parent) = options.get_filename().parent()
-                && !parent.as_os_str().is_empty()
-            {
-                std::fs::create_dir_all(parent).map_err(|e| {
-                    store::Error::Unavailable(format!("cannot create folder {}: {e}", parent.display()))
-                })?;
-            }
+            create_private(options.get_filename())?;
             // A checkpoint run by a COMMIT copies up to a thousand pages and
             // fsyncs twice: milliseconds on a small VM's disk, on the path
             // of whichever claim or finish crossed the threshold. So the

@@ -16,12 +16,14 @@ pub const BUILTIN_TYPES: [&str; 5] = ["command", "echo", "fail", "noop", "sleep"
 /// How the built-ins behave in this process.
 #[derive(Debug, Clone)]
 pub struct BuiltinOptions {
-    /// Whether `command` may run. The embedded runner allows it (the user
-    /// runs their own file); a distributed worker only with `--allow-command`.
+    /// Whether `command` is registered. The embedded runner allows it (the
+    /// user runs their own file); a distributed worker only with
+    /// `--allow-command`.
     pub allow_command: bool,
     /// The folder a relative `cwd` (and a command's default working
-    /// directory) is resolved against: the definition's folder in embedded
-    /// mode, the worker's working directory otherwise.
+    /// directory) is resolved against, and which a `cwd` must not leave:
+    /// the definition's folder in embedded mode, the worker's working
+    /// directory otherwise.
     pub base_dir: PathBuf,
     /// How long a command's process group gets between SIGTERM and SIGKILL.
     pub kill_grace: Duration,
@@ -45,19 +47,19 @@ pub fn register_builtins(registry: &mut HandlerRegistry, options: BuiltinOptions
             Ok(json!({ "inputs": ctx.inputs, "run_input": ctx.run_input }))
         })
         .register_fn("sleep", sleep)
-        .register_fn("fail", |ctx| async move { fail(&ctx) })
-        .register_fn("command", move |ctx| {
+        .register_fn("fail", |ctx| async move { fail(&ctx) });
+    // Not registered at all unless allowed: a worker advertises and takes
+    // only the types it serves, so a `command` dispatch on a shared queue
+    // goes back to a worker that runs it instead of failing here.
+    if options.allow_command {
+        registry.register_fn("command", move |ctx| {
             let options = options.clone();
             async move {
-                if !options.allow_command {
-                    return Err(HandlerError::permanent(
-                        "command tasks are disabled on this worker; start it with --allow-command",
-                    ));
-                }
                 let spec = CommandSpec::from_config(&ctx.config, &options.base_dir)?;
                 run_command(&ctx, &spec, options.kill_grace).await
             }
         });
+    }
 }
 
 fn noop(config: &Map<String, Value>) -> Value {
@@ -141,7 +143,7 @@ mod tests {
             r.invoke(c).unwrap().await,
             Ok(json!({"inputs": {"a": 1}, "run_input": {"x": 2}}))
         );
-        assert_eq!(BUILTIN_TYPES.to_vec(), r.task_types().collect::<Vec<_>>());
+        assert_eq!(BUILTIN_TYPES.to_vec(), registry(true).task_types().collect::<Vec<_>>());
     }
 
     #[tokio::test]
@@ -176,14 +178,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn command_is_refused_without_the_allow_flag() {
-        let r = registry(false);
-        let err = r
-            .invoke(with_config("command", json!({"argv": ["true"]})))
-            .unwrap()
-            .await
-            .unwrap_err();
-        assert!(err.is_permanent());
-        assert!(err.message.contains("--allow-command"));
+    async fn command_is_not_served_without_the_allow_flag() {
+        assert!(!registry(false).contains("command"));
+        assert!(registry(false).invoke(ctx("command")).is_none());
+        assert!(registry(true).contains("command"));
     }
 }

@@ -30,8 +30,9 @@ const WAIT_RECHECK: Duration = Duration::from_secs(2);
 pub enum TaskTypes {
     /// Exactly these (the handlers registered in this process).
     Registered(BTreeSet<String>),
-    /// The built-in types and those a live worker serves (the
-    /// distributed mode: the workers run elsewhere).
+    /// The built-in types every worker serves (all but `command`) and
+    /// those a live worker serves (the distributed mode: the workers run
+    /// elsewhere).
     LiveWorkers,
 }
 
@@ -114,7 +115,13 @@ impl<S: Store> Service<S> {
         match types {
             TaskTypes::Registered(known) => check_task_types(def, known)?,
             TaskTypes::LiveWorkers => {
-                let mut known: BTreeSet<String> = BUILTIN_TYPES.iter().map(|t| (*t).to_owned()).collect();
+                // Every worker serves the built-ins but `command`, which
+                // one serves only with `--allow-command`.
+                let mut known: BTreeSet<String> = BUILTIN_TYPES
+                    .iter()
+                    .filter(|t| **t != "command")
+                    .map(|t| (*t).to_owned())
+                    .collect();
                 known.extend(self.store.live_task_types(LIVE_WORKER_WINDOW).await?);
                 check_task_types(def, &known)?;
             }

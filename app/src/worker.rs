@@ -27,6 +27,10 @@ use crate::registry::{HandlerRegistry, panic_message};
 /// How long a slot waits before requeueing a dispatch it could not claim
 /// because the store failed.
 const STORE_TROUBLE_PAUSE: Duration = Duration::from_secs(1);
+/// How long a slot holds a dispatch of a type it does not serve before
+/// returning it, so that the broker hands it to another consumer instead
+/// of straight back to this one.
+const NOT_SERVED_PAUSE: Duration = Duration::from_millis(200);
 
 /// The default largest task output: 1 MiB (docs/design/handlers.md#outcomes).
 pub const DEFAULT_OUTPUT_LIMIT: usize = 1024 * 1024;
@@ -77,6 +81,9 @@ pub enum Handled {
     Finished(FinishResult),
     /// The store could not be written: nacked for redelivery.
     Requeued,
+    /// This worker has no handler for the dispatch's task type: returned
+    /// to the queue unclaimed, for a worker that serves it.
+    NotServed,
 }
 
 /// How an attempt ended, before it is stored.
@@ -186,7 +193,8 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
 
     /// Runs every concurrency slot until `shutdown`: each slot stops
     /// consuming, finishes and acks its in-flight delivery, and returns.
-    /// A queue-type mismatch ends the worker with that error.
+    /// A queue-type mismatch ends the worker with that error; a slot that
+    /// panicked stops the others and ends it with [`Error::LoopPanicked`].
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<(), Error> {
         let mut slots = JoinSet::new();
         for slot in 0..self.config.concurrency {
@@ -291,6 +299,15 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             token = tracing::field::Empty,
         );
         async move {
+            // Claiming would spend the attempt on a worker that cannot run
+            // it; on a queue shared with workers that serve more types, the
+            // dispatch belongs to one of them.
+            if !self.registry.contains(&d.task_type) {
+                tracing::debug!(task_type = %d.task_type, "task type not served here; returning the dispatch");
+                tokio::time::sleep(NOT_SERVED_PAUSE).await;
+                delivery.nack_requeue().await?;
+                return Ok(Handled::NotServed);
+            }
             let claim = match self
                 .store
                 .claim_task_run(d.task_run_id, d.fencing_token, &self.config.id, self.config.lease)

@@ -14,6 +14,11 @@
 //!
 //! Each step prints its duration; the first failing step stops the run,
 //! and the error names it.
+//!
+//! Every step runs with `REQUIRE_POSTGRES=1 REQUIRE_RABBITMQ=1`, so an
+//! integration test whose service is missing fails instead of skipping,
+//! exactly as under `.ci/run`; `--allow-skips` leaves them unset (a quick
+//! local run without the services).
 
 use std::ffi::OsString;
 use std::process::Command;
@@ -98,9 +103,7 @@ fn steps(nextest: bool) -> Vec<Step> {
 
 /// `cargo xtask ci`.
 pub(crate) fn run(args: &[String]) -> Result<()> {
-    if let Some(arg) = args.first() {
-        bail!("ci takes no arguments, got `{arg}`");
-    }
+    let env = service_env(allow_skips(args)?);
     if !cargo_has("deny") {
         bail!("cargo-deny is not installed: run `cargo install cargo-deny --locked` (or use .ci/run, which does)");
     }
@@ -111,7 +114,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     for (n, step) in steps.iter().enumerate() {
         println!("\n==> [{}/{total}] {}", n + 1, step.name);
         let t0 = Instant::now();
-        let outcome = execute(&step.action);
+        let outcome = execute(&step.action, env);
         let took = t0.elapsed();
         if let Err(error) = outcome {
             print_timings(&timings);
@@ -130,12 +133,35 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn execute(action: &Action) -> Result<()> {
+/// The variables every step runs with: a green CI must mean the
+/// integration tests ran against their services, not that they skipped.
+fn service_env(allow_skips: bool) -> &'static [(&'static str, &'static str)] {
+    if allow_skips {
+        &[]
+    } else {
+        &[("REQUIRE_POSTGRES", "1"), ("REQUIRE_RABBITMQ", "1")]
+    }
+}
+
+/// Reads `ci`'s arguments: whether `--allow-skips` was given.
+fn allow_skips(args: &[String]) -> Result<bool> {
+    match args {
+        [] => Ok(false),
+        [flag] if flag == "--allow-skips" => Ok(true),
+        [arg, ..] => bail!("ci takes only `--allow-skips`, got `{arg}`"),
+    }
+}
+
+fn execute(action: &Action, env: &[(&str, &str)]) -> Result<()> {
     match action {
         Action::InProcess(f) => f(),
         Action::Cargo(args) => {
             println!("$ cargo {}", args.join(" "));
-            let status = Command::new(cargo()).args(args).current_dir(project_root()).status()?;
+            let status = Command::new(cargo())
+                .args(args)
+                .envs(env.iter().copied())
+                .current_dir(project_root())
+                .status()?;
             if !status.success() {
                 bail!("`cargo {}` exited with {status}", args.join(" "));
             }
@@ -201,6 +227,14 @@ mod tests {
                 "doc tests"
             ]
         );
+    }
+
+    #[test]
+    fn missing_services_fail_the_tests_unless_skips_are_allowed() {
+        let required = service_env(allow_skips(&[]).unwrap());
+        assert_eq!(required, [("REQUIRE_POSTGRES", "1"), ("REQUIRE_RABBITMQ", "1")]);
+        assert!(service_env(allow_skips(&["--allow-skips".to_owned()]).unwrap()).is_empty());
+        assert!(allow_skips(&["--fast".to_owned()]).is_err());
     }
 
     #[test]

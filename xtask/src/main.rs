@@ -40,7 +40,9 @@ const HELP: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  ci              fmt, clippy, check-deps, cargo deny, tests: what CI runs
+  ci [--allow-skips]
+                  fmt, clippy, check-deps, cargo deny, tests: what CI runs
+                  (tests without PostgreSQL/RabbitMQ fail unless --allow-skips)
   check-deps      crate layering, dependency allow-lists, domain source scan
   tidy            house rules: //! docs, no #[ignore], workspace manifests, design references
   deny-selftest   prove check-deps and cargo deny reject tokio in domain

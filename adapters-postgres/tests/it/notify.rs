@@ -2,14 +2,18 @@
 //! loops, a wake sent while nobody waits is kept, every RunSettled waiter
 //! wakes, and a lost listening connection wakes every topic and listens
 //! again.
+//!
+//! That a notification did *not* come is proven, never inferred from a
+//! quiet spell (a late one would pass): see [`silent`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use flowforge_adapters_postgres::PgNotifier;
+use flowforge_adapters_postgres::{PgNotifier, PgStore};
 use flowforge_domain::RunTransition;
 use flowforge_ports::{DefinitionStore, Notifier, RunPass, RunStore, TaskOutcome, Topic, WorkerId};
 use serde_json::json;
+use sqlx::PgPool;
 
 use crate::harness::{LONG_LEASE, def, ready};
 
@@ -20,15 +24,52 @@ async fn woken(n: &PgNotifier, topic: Topic, within: Duration) -> bool {
 const SOON: Duration = Duration::from_secs(5);
 const QUIET: Duration = Duration::from_millis(200);
 
+/// Whether `n` has no wake-up on `topic` pending, proven with a marker:
+/// a NOTIFY on `marker` sent now, from a connection of its own, reaches
+/// `store`'s listener after every notification committed before it, and
+/// the listener relays them one at a time, in order. So once a fresh
+/// handle has heard the marker, anything sent on `topic` before it has
+/// reached `n`, whose pending wake-up then returns at once. `marker` must
+/// be a topic nothing notifies in the meantime; `n`'s wake-up from the
+/// marker is consumed.
+async fn silent(store: &PgStore, raw: &PgPool, n: &PgNotifier, topic: Topic, marker: Topic) -> bool {
+    let witness = store.notifier().await.unwrap();
+    let channel = match marker {
+        Topic::Scheduler => "flowforge_scheduler",
+        Topic::Publisher => "flowforge_publisher",
+        Topic::RunSettled => "flowforge_run_settled",
+    };
+    sqlx::query("SELECT pg_notify($1, 'marker')")
+        .bind(channel)
+        .execute(raw)
+        .await
+        .unwrap();
+    assert!(
+        woken(&witness, marker, SOON).await,
+        "the {marker:?} marker was not heard"
+    );
+    let quiet = !woken(n, topic, Duration::ZERO).await;
+    // Leave `n` as it was: its kept wake-up from the marker is consumed.
+    assert!(
+        woken(n, marker, Duration::ZERO).await,
+        "the marker reached the witness, not `n`"
+    );
+    quiet
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_stores_commits_wake_this_stores_loops() {
     let db = test_db!();
+    let raw = db.raw().await;
     let (listener, _) = db.store().await;
     let (writer, _) = db.store().await;
     let n = listener.notifier().await.unwrap();
     // A second handle: it shows when the notification has arrived.
     let witness = listener.notifier().await.unwrap();
-    assert!(!woken(&n, Topic::Publisher, QUIET).await, "nothing happened yet");
+    assert!(
+        silent(&listener, &raw, &n, Topic::Publisher, Topic::RunSettled).await,
+        "nothing happened yet"
+    );
 
     let wf = writer
         .publish_definition(&def(
@@ -60,7 +101,11 @@ async fn another_stores_commits_wake_this_stores_loops() {
         .await
         .unwrap();
     assert!(woken(&n, Topic::Scheduler, SOON).await, "a finish");
-    assert!(!woken(&n, Topic::RunSettled, QUIET).await);
+    // Nothing has notified the publisher since the start was heard.
+    assert!(
+        silent(&listener, &raw, &n, Topic::RunSettled, Topic::Publisher).await,
+        "a finish does not settle the run"
+    );
 
     // Every waiter of a settled run wakes, not just one.
     let n = Arc::new(n);
@@ -71,11 +116,16 @@ async fn another_stores_commits_wake_this_stores_loops() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(50)).await;
+    // A handle of its own: a waiter that returned early would have
+    // consumed a wake-up of the shared one.
+    let before_commit = listener.notifier().await.unwrap();
     let mut pass = writer.begin_pass(run).await.unwrap().unwrap();
     pass.transition_run(RunTransition::Start).await.unwrap();
     pass.transition_run(RunTransition::Succeed).await.unwrap();
-    // Nothing is delivered before commit.
-    assert!(!woken(&n, Topic::RunSettled, QUIET).await);
+    assert!(
+        silent(&listener, &raw, &before_commit, Topic::RunSettled, Topic::Publisher).await,
+        "nothing is delivered before commit"
+    );
     pass.commit().await.unwrap();
     for w in waiters {
         assert!(w.await.unwrap(), "a RunSettled waiter was not woken");
@@ -85,6 +135,7 @@ async fn another_stores_commits_wake_this_stores_loops() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stores_own_commits_wake_its_waiters_directly() {
     let db = test_db!();
+    let raw = db.raw().await;
     let (store, _) = db.store().await;
     let n = store.notifier().await.unwrap();
     let wf = store
@@ -96,9 +147,13 @@ async fn a_stores_own_commits_wake_its_waiters_directly() {
         .id;
     store.start_run(wf, json!({})).await.unwrap();
     assert!(woken(&n, Topic::Publisher, SOON).await);
-    // Its own NOTIFY echo is skipped: one commit, one wake.
-    tokio::time::sleep(QUIET).await;
-    assert!(!woken(&n, Topic::Publisher, QUIET).await);
+    // Its own NOTIFY echo is skipped: one commit, one wake. (Its echo on
+    // the scheduler's channel is skipped too, so the marker is the only
+    // scheduler wake-up a fresh handle can hear.)
+    assert!(
+        silent(&store, &raw, &n, Topic::Publisher, Topic::Scheduler).await,
+        "the store's own NOTIFY woke it a second time"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -71,6 +71,24 @@ fn refused(result: Result<u64, String>, constraint: &str) {
 }
 
 #[tokio::test]
+async fn the_database_its_wal_and_shm_and_its_new_folders_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("home/.flowforge/flowforge.db");
+    let store = open(&path).await;
+    // A write, so that the WAL and its index exist.
+    store.publish_definition(&definition(chain())).await.expect("publish");
+    let mode = |p: &Path| format!("{:o}", std::fs::metadata(p).expect("stat").permissions().mode() & 0o777);
+    for folder in [dir.path().join("home"), dir.path().join("home/.flowforge")] {
+        assert_eq!(mode(&folder), "700", "{}", folder.display());
+    }
+    for file in ["flowforge.db", "flowforge.db-wal", "flowforge.db-shm"] {
+        let file = dir.path().join("home/.flowforge").join(file);
+        assert_eq!(mode(&file), "600", "{}", file.display());
+    }
+}
+
+#[tokio::test]
 async fn the_schema_refuses_rows_that_break_an_invariant() {
     let factory = SqliteFactory::default();
     let path = factory.path();

@@ -51,13 +51,17 @@ pub(crate) struct Cli {
 pub(crate) struct Global {
     /// The store: `sqlite://path.db` (created on first use),
     /// `sqlite::memory:`, or `postgres://user@host/db`.
-    #[arg(long, global = true, env = "FLOWFORGE_DB", default_value = flowforge::DEFAULT_DATABASE, value_name = "URL")]
+    // Hidden values: clap would print the environment's URL, password
+    // included, in `--help`.
+    #[arg(long, global = true, env = "FLOWFORGE_DB", hide_env_values = true,
+          default_value = flowforge::DEFAULT_DATABASE, value_name = "URL")]
     pub(crate) db: String,
     /// The RabbitMQ broker of the distributed processes.
     #[arg(
         long,
         global = true,
         env = "FLOWFORGE_AMQP",
+        hide_env_values = true,
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
         value_name = "URL"
     )]

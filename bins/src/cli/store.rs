@@ -27,7 +27,8 @@ pub(crate) fn kind(url: &str) -> Result<Kind, String> {
         Ok(Kind::Postgres)
     } else {
         Err(format!(
-            "--db {url:?} is not a store URL: use sqlite://path.db, sqlite::memory: or postgres://user@host/db"
+            "--db {:?} is not a store URL: use sqlite://path.db, sqlite::memory: or postgres://user@host/db",
+            redact(url)
         ))
     }
 }
@@ -36,7 +37,7 @@ pub(crate) fn kind(url: &str) -> Result<Kind, String> {
 pub(crate) async fn sqlite(url: &str) -> anyhow::Result<SqliteStore> {
     SqliteStore::connect(url, Arc::new(SystemClock))
         .await
-        .with_context(|| format!("opening {url}"))
+        .with_context(|| format!("opening {}", redact(url)))
 }
 
 /// Opens a PostgreSQL store whose migrations are applied.
@@ -46,18 +47,44 @@ pub(crate) async fn postgres(url: &str) -> anyhow::Result<PgStore> {
         .with_context(|| format!("opening {}", redact(url)))
 }
 
-/// The URL without its password, for messages.
+/// The URL without its password, for messages: the password of the user
+/// info and the value of a `password=` query parameter become `***`. A
+/// string that is no URL at all (`user:secret@host`) loses everything
+/// between its first `:` and its last `@`.
 pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let creds = &url[scheme + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
+    let (head, query) = url.split_once('?').map_or((url, None), |(h, q)| (h, Some(q)));
+    let (scheme, rest) = head.split_once("://").map_or(("", head), |(s, r)| (s, r));
+    let end = if scheme.is_empty() {
+        rest.len()
+    } else {
+        rest.find(['/', '#']).unwrap_or(rest.len())
+    };
+    let (authority, path) = rest.split_at(end);
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{host}"),
+            None => authority.to_owned(),
+        },
+        None => authority.to_owned(),
+    };
+    let mut out = if scheme.is_empty() {
+        authority
+    } else {
+        format!("{scheme}://{authority}")
+    };
+    out.push_str(path);
+    if let Some(query) = query {
+        let params: Vec<String> = query
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
+                _ => p.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
     }
+    out
 }
 
 /// Opens the store `$url` names as `$store` and evaluates `$body` with it;
@@ -101,5 +128,18 @@ mod tests {
         assert!(kind("mysql://x").is_err());
         assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
         assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(
+            redact("postgres://u@h/db?sslmode=disable&password=secret"),
+            "postgres://u@h/db?sslmode=disable&password=***"
+        );
+        assert_eq!(redact("postgres://u:a@b@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("u:secret@h/db"), "u:***@h/db");
+        assert_eq!(
+            redact("postgres://h/db?PASSWORD=secret"),
+            "postgres://h/db?PASSWORD=***"
+        );
+        for url in ["mysql://u:secret@h/db", "x:secret@h"] {
+            assert!(!kind(url).unwrap_err().contains("secret"), "{url}");
+        }
     }
 }

@@ -13,6 +13,7 @@ mod examples;
 mod graph;
 mod run;
 mod scenarios;
+mod secrets;
 mod validate;
 
 use std::path::{Path, PathBuf};

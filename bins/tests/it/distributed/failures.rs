@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 use super::cluster::{Cluster, worker_pid};
 use super::proxy::{Mode, Proxy};
-use super::{amqp_url_via, broker_address, detail, eventually, running_on, settled, task, transitions};
+use super::{amqp_url_via, broker_address, detail, eventually, running_on, served, settled, task, transitions};
 
 /// A `command` task that waits for the file `gate` to exist, then prints
 /// the pid of the worker running it and its attempt as its output.
@@ -140,6 +140,7 @@ async fn a_stopped_worker_whose_lease_was_reaped_cannot_overwrite_the_newer_atte
     );
     let gate = cluster.dir().join("gate");
     let file = cluster.json("probe.json", &gated_command("stale-write", &gate));
+    served(&store, "command").await;
     let run = cluster.submit(&file).await;
     let on_a = running_on(&store, run, "probe", cluster.pid(a)).await;
 
@@ -219,6 +220,7 @@ async fn sigterm_lets_the_in_flight_task_finish_and_be_acked_then_the_worker_exi
     let w = cluster.spawn("worker", ["worker", "--concurrency", "1", "--allow-command"]);
     let gate = cluster.dir().join("gate");
     let file = cluster.json("probe.json", &gated_command("graceful", &gate));
+    served(&store, "command").await;
     let run = cluster.submit(&file).await;
     running_on(&store, run, "probe", cluster.pid(w)).await;
 

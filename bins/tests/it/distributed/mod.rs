@@ -18,6 +18,7 @@
 mod cluster;
 mod end_to_end;
 mod failures;
+mod mixed;
 mod outbox;
 mod postgres;
 mod proxy;
@@ -592,6 +593,20 @@ where
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Waits until a live registered worker serves `task_type` (`submit`
+/// refuses a `command` task before then); returns every live type.
+pub(crate) async fn served(store: &PgStore, task_type: &str) -> std::collections::BTreeSet<String> {
+    use flowforge_ports::WorkerRegistry as _;
+    eventually(&format!("a live worker serving {task_type}"), || async {
+        let types = store
+            .live_task_types(flowforge_app::service::LIVE_WORKER_WINDOW)
+            .await
+            .expect("live task types");
+        types.contains(task_type).then_some(types)
+    })
+    .await
 }
 
 /// Awaits `future`, failing the test after [`PATIENCE`].

@@ -15,6 +15,7 @@ mod outputs;
 mod readiness;
 mod redelivery;
 mod retries;
+mod slots;
 mod timeouts;
 mod user_cancel;
 

@@ -169,18 +169,30 @@ async fn independent_branches_run_concurrently_when_served() {
 
 /// Runs started concurrently through one engine share its loops and its
 /// worker slots: `concurrency` bounds the handlers in flight across every
-/// run, and each run still reaches its end.
+/// run, both slots do run handlers at once (the first two meet at a
+/// barrier, which a serial engine would never pass), and each run still
+/// reaches its end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_runs_of_one_engine_share_its_worker_slots() {
     let in_flight = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let both = Arc::new(tokio::sync::Barrier::new(2));
     let (now, peak) = (Arc::clone(&in_flight), Arc::clone(&most));
     let s = scenario(move |b| {
         b.handler_fn("step", move |_ctx: TaskContext| {
-            let (now, peak) = (Arc::clone(&now), Arc::clone(&peak));
+            let (now, peak, calls, both) = (
+                Arc::clone(&now),
+                Arc::clone(&peak),
+                Arc::clone(&calls),
+                Arc::clone(&both),
+            );
             async move {
                 let running = now.fetch_add(1, Ordering::SeqCst) + 1;
                 peak.fetch_max(running, Ordering::SeqCst);
+                if calls.fetch_add(1, Ordering::SeqCst) < 2 {
+                    both.wait().await;
+                }
                 // Room for another slot to start a handler, if there were one.
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                 now.fetch_sub(1, Ordering::SeqCst);
