@@ -18,7 +18,23 @@ RUN if [ -n "$EXTRA_CA_CERTS" ]; then \
         && update-ca-certificates; \
     fi
 WORKDIR /src
-COPY . .
+# Only the workspace's manifests and the crates the binary is built from
+# (not the examples, which the runtime stage copies), so that only a
+# change to those rebuilds it. A new workspace member is listed here too.
+COPY Cargo.toml Cargo.lock ./
+COPY domain domain
+COPY ports ports
+COPY adapters-postgres adapters-postgres
+COPY adapters-sqlite adapters-sqlite
+COPY adapters-rabbit adapters-rabbit
+COPY adapters-inproc adapters-inproc
+COPY adapters-http adapters-http
+COPY app app
+COPY bins bins
+# xtask is a member, so cargo needs its manifest, but the binary does not
+# use it: an empty main stands in for its code, which changes often.
+COPY xtask/Cargo.toml xtask/Cargo.toml
+RUN mkdir xtask/src && echo '//! Stand-in.' > xtask/src/main.rs && echo 'fn main() {}' >> xtask/src/main.rs
 RUN cargo build --release --locked -p flowforge-bins --bin flowforge \
     && cp target/release/flowforge /usr/local/bin/flowforge
 

@@ -13,7 +13,9 @@
 //!    (`containers/postgres`, `containers/rabbitmq`).
 //!
 //! Docker's layer cache makes a second run with nothing changed take
-//! seconds. The CA certificates added to this host
+//! seconds; the binary is rebuilt only when the crates it is built from
+//! change (the build context and the builder stage hold nothing else, not
+//! even xtask's code). The CA certificates added to this host
 //! (`/usr/local/share/ca-certificates`) are trusted by the build stages
 //! that download, so a TLS-intercepting proxy does not break the build;
 //! they never reach the shipped images.
