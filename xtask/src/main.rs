@@ -19,6 +19,12 @@
 //!   `ci` (it edits the tree); run it after touching the guards.
 //! * `cargo xtask bench` ([`bench`]) — the benchmark suites, written down
 //!   beside their targets in `BENCHMARKS.md`.
+//! * `cargo xtask images` ([`images`]) — the `flowforge` image and the
+//!   compose stack's service images, from local bases (no registry).
+//! * `cargo xtask compose-smoke` ([`compose_smoke`]) — the compose stack
+//!   end to end: a submitted run, and a worker killed mid-run.
+//!
+//! [`docker`] is what the last two need from the machine.
 
 // Printing is what a task runner is for: the workspace-wide print lints do
 // not apply to this crate.
@@ -27,7 +33,10 @@
 mod bench;
 mod check_deps;
 mod ci;
+mod compose_smoke;
 mod deny_selftest;
+mod docker;
+mod images;
 mod tidy;
 
 use std::ffi::OsString;
@@ -48,6 +57,10 @@ commands:
   deny-selftest   prove check-deps and cargo deny reject tokio in domain
   bench [SUITE…]  run the benchmarks (embedded, postgres, distributed) and
                   write their figures beside the targets in BENCHMARKS.md
+  images          build the flowforge image and the compose stack's service
+                  images from local bases (installs and starts Docker if needed)
+  compose-smoke   bring compose.yaml up, submit a run, kill a worker mid-run,
+                  check both runs, bring it down
   help            this text";
 
 fn main() -> ExitCode {
@@ -62,6 +75,8 @@ fn main() -> ExitCode {
         "tidy" => tidy::run(rest),
         "deny-selftest" => deny_selftest::run(rest),
         "bench" => bench::run(rest),
+        "images" => images::run(rest),
+        "compose-smoke" => compose_smoke::run(rest),
         "help" | "-h" | "--help" => {
             println!("{HELP}");
             Ok(())
