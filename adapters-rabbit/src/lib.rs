@@ -13,7 +13,6 @@
 //!   with prefetch 1 and manual ack. A classic queue of the same name makes
 //!   the declaration fail with PRECONDITION_FAILED, reported as
 //!   [`queue::Error::QueueTypeMismatch`] carrying the migration procedure.
-//! * [`backoff`] is the jittered, capped reconnect delay.
 //!
 //! Nothing here retries: a lost connection is [`queue::Error::Unavailable`],
 //! and the next publish or `consumer()` call reconnects. The loops above
@@ -51,13 +50,11 @@
 //! [`queue::Error::QueueTypeMismatch`]: flowforge_ports::queue::Error::QueueTypeMismatch
 //! [`queue::Error::Unavailable`]: flowforge_ports::queue::Error::Unavailable
 
-mod backoff;
 mod broker;
 mod config;
 mod consumer;
 mod publisher;
 
-pub use backoff::{BACKOFF_BASE, BACKOFF_CAP, backoff, backoff_ceiling};
 pub use config::{
     CONSUMER_TIMEOUT_MARGIN, ConfigError, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_EXCHANGE, DEFAULT_QUEUE,
     DEFAULT_ROUTING_KEY, RabbitConfig,
