@@ -28,7 +28,6 @@ COPY adapters-postgres adapters-postgres
 COPY adapters-sqlite adapters-sqlite
 COPY adapters-rabbit adapters-rabbit
 COPY adapters-inproc adapters-inproc
-COPY adapters-http adapters-http
 COPY app app
 COPY bins bins
 # xtask is a member, so cargo needs its manifest, but the binary does not

@@ -243,3 +243,25 @@ pub async fn fencing_rejects_a_worker_whose_lease_was_reaped<F: StoreFactory>(fa
     assert_eq!((tokens[3], evs[3].worker.as_deref()), (a.token, Some("A")));
     assert_eq!((tokens[4], evs[4].worker.as_deref()), (b.token, Some("B")));
 }
+
+/// The lease rule at the finish (docs/design/leases-and-fencing.md#the-reaper):
+/// a lease that expired but was not yet reaped still finishes, because the
+/// token alone decides. The reaper's own conditional UPDATE re-checks the
+/// state and token, so the finish and the reap cannot both win: whichever
+/// commits first makes the other change nothing.
+pub async fn an_expired_lease_not_yet_reaped_still_finishes_and_the_reaper_then_spares_it<F: StoreFactory>(
+    factory: &F,
+) {
+    let (s, clock) = fresh(factory).await;
+    let run = start(&s, single("late", 2)).await;
+    let a = claim(&s, run, "t", "A", Duration::from_secs(10)).await;
+    clock.advance(Duration::from_secs(11));
+    assert_eq!(
+        finish(&s, &a, "A", succeeded(json!({"by": "A"}))).await,
+        FinishResult::Recorded(TaskRunState::Succeeded)
+    );
+    let reaped = s.reap_expired_leases(Scope::All, 10).await.expect("reap");
+    assert!(reaped.is_empty(), "a finished task is not reaped: {reaped:?}");
+    assert_eq!(view(&s, run, "t").await.output, Some(json!({"by": "A"})));
+    assert_eq!(transitions(&events_of(&s, run, "t").await), ["claim", "succeed"]);
+}

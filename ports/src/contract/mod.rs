@@ -67,6 +67,7 @@ macro_rules! store_contract_tests {
             finish_cancelled_records_the_user_reason,
             a_stale_finish_changes_nothing_and_is_audited,
             fencing_rejects_a_worker_whose_lease_was_reaped,
+            an_expired_lease_not_yet_reaped_still_finishes_and_the_reaper_then_spares_it,
             reaping_with_attempts_left_redispatches,
             reaping_the_final_attempt_fails_the_task,
             reaping_a_cancel_requested_run_cancels_without_dispatch,
