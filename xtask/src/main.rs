@@ -10,7 +10,7 @@
 //!   allow-lists of `domain`'s and `ports`' dependencies, and the scan of
 //!   `domain`'s source for I/O.
 //! * `cargo xtask tidy` ([`tidy`]) — house rules (`//!` docs, no
-//!   `#[ignore]`, manifests use the workspace, no citation of a document
+//!   ignored tests, manifests use the workspace, no citation of a document
 //!   outside the repository, no dangling `docs/design` reference). Also a
 //!   `#[test]`, so `cargo test` enforces them.
 //! * `cargo xtask deny-selftest` ([`deny_selftest`]) — proves the guards
@@ -53,7 +53,7 @@ commands:
                   fmt, clippy, check-deps, cargo deny, tests: what CI runs
                   (tests without PostgreSQL/RabbitMQ fail unless --allow-skips)
   check-deps      crate layering, dependency allow-lists, domain source scan
-  tidy            house rules: //! docs, no #[ignore], workspace manifests, design references
+  tidy            house rules: //! docs, no ignored tests, workspace manifests, design references
   deny-selftest   prove check-deps and cargo deny reject tokio in domain
   bench [SUITE…]  run the benchmarks (embedded, postgres, distributed) and
                   write their figures beside the targets in BENCHMARKS.md
