@@ -36,8 +36,10 @@ pub struct PgOptions {
     /// longer is cancelled (and reported `Unavailable`).
     pub statement_timeout: Duration,
     /// `idle_in_transaction_session_timeout`, when set: a process that
-    /// stalls inside a scheduler pass or an outbox sweep loses its locks
-    /// after this long instead of holding them forever.
+    /// stalls inside a scheduler pass or an outbox sweep loses its session,
+    /// and with it its locks, after this long instead of holding them
+    /// forever. Set by default; keep it above the broker's publish and
+    /// confirm timeouts, which a sweep spends inside its transaction.
     pub idle_in_transaction_timeout: Option<Duration>,
     /// Idle connections above `min_connections` are closed after this long.
     pub idle_timeout: Option<Duration>,
@@ -52,7 +54,7 @@ impl Default for PgOptions {
             min_connections: 0,
             acquire_timeout: Duration::from_secs(10),
             statement_timeout: Duration::from_secs(30),
-            idle_in_transaction_timeout: None,
+            idle_in_transaction_timeout: Some(Duration::from_secs(20)),
             idle_timeout: Some(Duration::from_secs(600)),
             application_name: "flowforge".to_owned(),
         }

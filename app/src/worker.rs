@@ -4,6 +4,8 @@
 //! and only then acknowledge.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,10 +14,12 @@ use flowforge_domain::TaskRunState;
 use flowforge_ports::store::{Claim, FinishResult, LeaseStatus, TaskOutcome};
 use flowforge_ports::{
     Delivery, Dispatch, DispatchConsumer, DispatchQueue, HandlerError, RunId, Store, TaskContext, TaskEvent, WorkerId,
-    queue,
+    queue, store,
 };
 use serde_json::Value;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio::time::error::Elapsed;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -93,6 +97,9 @@ enum Ending {
     TimedOut(Duration),
     Cancelled,
     LeaseLost,
+    /// No renewal succeeded for this long: the handler was stopped before
+    /// the lease could run out.
+    LeaseExpiring(Duration),
 }
 
 /// In-flight attempts by run, so an embedding process can stop a run's
@@ -308,6 +315,9 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 delivery.nack_requeue().await?;
                 return Ok(Handled::NotServed);
             }
+            // The lease's local deadline counts from before the claim was
+            // sent: the store stamps the expiry later than that.
+            let asked = Instant::now();
             let claim = match self
                 .store
                 .claim_task_run(d.task_run_id, d.fencing_token, &self.config.id, self.config.lease)
@@ -334,7 +344,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             tracing::Span::current()
                 .record("attempt", claim.attempt)
                 .record("token", claim.token);
-            let (outcome, event) = self.attempt(&claim).await;
+            let (outcome, event) = self.attempt(&claim, asked).await;
             match self
                 .store
                 .finish_task_run(claim.task_run_id, claim.token, &self.config.id, outcome)
@@ -385,7 +395,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
 
     /// Runs one claimed attempt and turns its ending into the outcome to
     /// store, plus the observer event describing it.
-    async fn attempt(&self, claim: &Claim) -> (TaskOutcome, TaskEvent) {
+    async fn attempt(&self, claim: &Claim, asked: Instant) -> (TaskOutcome, TaskEvent) {
         let mut event = TaskEvent {
             run_id: claim.run_id,
             task_key: claim.task_key.clone(),
@@ -482,7 +492,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             config: task.config().clone(),
             cancel: cancel.clone(),
         };
-        let ending = self.supervise(claim, ctx, timeout, cancel).await;
+        let ending = self.supervise(claim, asked, ctx, timeout, cancel).await;
         let (error, permanent_failure) = match ending {
             Ending::Output(output) => match serde_json::to_vec(&output) {
                 Ok(bytes) if bytes.len() <= self.config.output_limit => {
@@ -503,6 +513,13 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             Ending::TimedOut(after) => (format!("timed out after {}s", after.as_secs_f64()), false),
             Ending::Cancelled => return (TaskOutcome::Cancelled, event),
             Ending::LeaseLost => ("the lease was lost (reaped) while the handler ran".to_owned(), false),
+            Ending::LeaseExpiring(unrenewed) => (
+                format!(
+                    "the lease could not be renewed for {:.1}s (store unreachable); the handler was stopped before the lease ran out",
+                    unrenewed.as_secs_f64()
+                ),
+                false,
+            ),
         };
         event.error = Some(error.clone());
         event.retry_in = policy.next_retry(claim.attempt, permanent_failure);
@@ -515,17 +532,41 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
         )
     }
 
-    /// Runs the handler until it returns, times out, its run is cancelled or
-    /// its lease is lost, heartbeating every third of the lease.
-    async fn supervise(&self, claim: &Claim, ctx: TaskContext, timeout: Duration, cancel: CancellationToken) -> Ending {
+    /// Runs the handler until it returns, times out, its run is cancelled,
+    /// its lease is lost, or its lease could run out
+    /// (docs/design/leases-and-fencing.md#local-lease-deadline).
+    ///
+    /// The lease is renewed every third of it, concurrently: a store that
+    /// stalls never holds up the watch on the timeout, the cancel or the
+    /// lease. The lease is held until `asked + lease`, where `asked` is when
+    /// the claim (or the last successful renewal) was sent — the store
+    /// stamped its expiry after that moment, so this local deadline is never
+    /// later than the store's, whatever the two clocks say. A quarter of a
+    /// lease before that deadline an unrenewed handler is cancelled, and it
+    /// is dropped (a command's process group killed) before the deadline:
+    /// no attempt outlives its lease, so no two attempts run at once.
+    async fn supervise(
+        &self,
+        claim: &Claim,
+        asked: Instant,
+        ctx: TaskContext,
+        timeout: Duration,
+        cancel: CancellationToken,
+    ) -> Ending {
         let Some(mut handler) = self.registry.invoke(ctx) else {
             return Ending::Failed(HandlerError::permanent("the handler disappeared from the registry"));
         };
+        let lease = self.config.lease;
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
-        let beat = (self.config.lease / 3).max(Duration::from_millis(10));
-        let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
+        let beat = (lease / 3).max(Duration::from_millis(10));
+        let margin = lease / 4;
+        let mut renewed_at = asked;
+        let mut held_until = asked + lease;
+        let mut next_beat = Instant::now() + beat;
+        let mut renewal: Option<Renewal<'_>> = None;
         let stop = loop {
+            let give_up_at = held_until.checked_sub(margin).unwrap_or(held_until);
             tokio::select! {
                 result = &mut handler => {
                     return match result {
@@ -539,27 +580,69 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 }
                 () = &mut deadline => break Ending::TimedOut(timeout),
                 () = cancel.cancelled() => break Ending::Cancelled,
-                _ = heartbeat.tick() => {
-                    match self.store.renew_lease(claim.task_run_id, claim.token, self.config.lease).await {
-                        Ok(LeaseStatus::Held { cancel_requested: false }) => {}
-                        Ok(LeaseStatus::Held { cancel_requested: true }) => break Ending::Cancelled,
-                        Ok(LeaseStatus::Lost) => break Ending::LeaseLost,
-                        // The lease may still be ours; the next beat retries.
-                        Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+                () = tokio::time::sleep_until(give_up_at) => {
+                    break Ending::LeaseExpiring(renewed_at.elapsed());
+                }
+                () = tokio::time::sleep_until(next_beat), if renewal.is_none() => {
+                    let sent = Instant::now();
+                    let renew = self.store.renew_lease(claim.task_run_id, claim.token, lease);
+                    // A renewal that hangs is given up at the next beat, so a
+                    // fresh one (on a fresh connection) can be tried.
+                    renewal = Some(Box::pin(async move { (sent, tokio::time::timeout(beat, renew).await) }));
+                }
+                (sent, renewed) = poll_renewal(&mut renewal) => {
+                    renewal = None;
+                    next_beat = Instant::now() + beat;
+                    match renewed {
+                        Ok(Ok(LeaseStatus::Held { cancel_requested: false })) => {
+                            renewed_at = sent;
+                            held_until = sent + lease;
+                        }
+                        Ok(Ok(LeaseStatus::Held { cancel_requested: true })) => break Ending::Cancelled,
+                        Ok(Ok(LeaseStatus::Lost)) => break Ending::LeaseLost,
+                        // The lease may still be ours: try again soon, while
+                        // the local deadline keeps counting.
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %e, "heartbeat failed");
+                            next_beat = Instant::now() + beat / 3;
+                        }
+                        Err(_) => {
+                            tracing::warn!(after_ms = beat.as_millis() as u64, "heartbeat got no answer");
+                            next_beat = Instant::now();
+                        }
                     }
                 }
             }
         };
+        drop(renewal);
         cancel.cancel();
-        if tokio::time::timeout(self.config.stop_grace, &mut handler)
-            .await
-            .is_err()
-        {
+        // The grace never runs past the lease: once it is out, another
+        // worker may start the next attempt.
+        let grace = self
+            .config
+            .stop_grace
+            .min(held_until.saturating_duration_since(Instant::now()) / 2);
+        if tokio::time::timeout(grace, &mut handler).await.is_err() {
             tracing::warn!(
-                grace_ms = self.config.stop_grace.as_millis() as u64,
+                grace_ms = grace.as_millis() as u64,
                 "handler ignored its cancellation; abandoning it"
             );
         }
         stop
+    }
+}
+
+/// A renewal's answer: when it was sent, and what the store said (`Err`
+/// when it said nothing within a beat).
+type Renewed = (Instant, Result<Result<LeaseStatus, store::Error>, Elapsed>);
+
+/// A lease renewal in flight.
+type Renewal<'a> = Pin<Box<dyn Future<Output = Renewed> + Send + 'a>>;
+
+/// The renewal's answer, or never when none is in flight.
+async fn poll_renewal(renewal: &mut Option<Renewal<'_>>) -> Renewed {
+    match renewal {
+        Some(renewal) => renewal.await,
+        None => std::future::pending().await,
     }
 }

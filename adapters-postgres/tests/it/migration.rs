@@ -319,6 +319,53 @@ async fn statement_timeout_is_set_on_every_connection() {
 }
 
 #[tokio::test]
+async fn every_connection_bounds_idle_transactions_by_default() {
+    // Without the bound, a process stopped inside its transaction would
+    // hold its rows locked for as long as it stays stopped
+    // (docs/design/outbox-and-queues.md#bounded-transactions).
+    let db = test_db!();
+    let store = PgStore::connect(&db.url, Arc::new(SystemClock), PgOptions::default())
+        .await
+        .unwrap();
+    let idle: String = sqlx::query_scalar("SHOW idle_in_transaction_session_timeout")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(idle, "20s");
+
+    // A transaction left idle past the bound loses its session.
+    let opts = PgOptions {
+        idle_in_transaction_timeout: Some(Duration::from_millis(300)),
+        ..options()
+    };
+    let store = PgStore::connect(&db.url, Arc::new(SystemClock), opts).await.unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+    let raw = db.raw().await;
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let ended = async {
+        loop {
+            let alive: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
+                .bind(pid)
+                .fetch_one(&raw)
+                .await
+                .unwrap();
+            if !alive {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), ended)
+        .await
+        .expect("the server ends the idle session");
+    assert!(tx.commit().await.is_err(), "the transaction is gone");
+}
+
+#[tokio::test]
 async fn tls_follows_the_urls_sslmode() {
     let db = test_db!();
     let raw = db.raw().await;

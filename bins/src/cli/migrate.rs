@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use flowforge_adapters_postgres::{PgOptions, PgStore};
+use flowforge_adapters_postgres::PgStore;
 use flowforge_ports::SystemClock;
 
 use super::store::{Kind, kind, redact, sqlite};
@@ -24,7 +24,7 @@ pub(crate) async fn run(global: &Global, _args: &Args) -> anyhow::Result<Exit> {
         Ok(Kind::Sqlite) => sqlite(url).await.map(|_| ()),
         Ok(Kind::Postgres) => {
             async {
-                let store = PgStore::connect_unchecked(url, Arc::new(SystemClock), PgOptions::default()).await?;
+                let store = PgStore::connect_unchecked(url, Arc::new(SystemClock), global.pg_options()).await?;
                 store.migrate().await?;
                 anyhow::Ok(())
             }

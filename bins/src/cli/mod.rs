@@ -79,6 +79,17 @@ pub(crate) struct Global {
     #[arg(long, global = true, env = "FLOWFORGE_LEASE_SECONDS", default_value_t = 30, value_name = "N",
           value_parser = clap::value_parser!(u64).range(3..=86_400))]
     pub(crate) lease_seconds: u64,
+    /// PostgreSQL: a statement running longer is cancelled (its call
+    /// fails as "unavailable" and is retried by the loops).
+    #[arg(long, global = true, env = "FLOWFORGE_PG_STATEMENT_TIMEOUT_SECONDS", default_value_t = 30,
+          value_name = "N", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub(crate) pg_statement_timeout_seconds: u64,
+    /// PostgreSQL: a session idle inside a transaction this long (a process
+    /// stalled mid-pass or mid-sweep) is ended by the server, releasing its
+    /// locks for the other processes.
+    #[arg(long, global = true, env = "FLOWFORGE_PG_IDLE_IN_TRANSACTION_SECONDS", default_value_t = 20,
+          value_name = "N", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub(crate) pg_idle_in_transaction_seconds: u64,
     /// Log line format (logs go to stderr; `RUST_LOG` sets the level).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
@@ -88,6 +99,16 @@ impl Global {
     /// The lease as a duration.
     pub(crate) fn lease(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.lease_seconds)
+    }
+
+    /// The PostgreSQL pool's tuning
+    /// (docs/design/outbox-and-queues.md#bounded-transactions).
+    pub(crate) fn pg_options(&self) -> flowforge_adapters_postgres::PgOptions {
+        flowforge_adapters_postgres::PgOptions {
+            statement_timeout: std::time::Duration::from_secs(self.pg_statement_timeout_seconds),
+            idle_in_transaction_timeout: Some(std::time::Duration::from_secs(self.pg_idle_in_transaction_seconds)),
+            ..flowforge_adapters_postgres::PgOptions::default()
+        }
     }
 }
 

@@ -68,7 +68,7 @@ fn finished(result: Result<(), flowforge::Error>) -> Exit {
 
 /// `flowforge scheduler`.
 pub(crate) async fn scheduler(global: &Global, _args: &SchedulerArgs) -> anyhow::Result<Exit> {
-    with_store!(&global.db, |store| {
+    with_store!(global, |store| {
         let scheduler = Scheduler::new(
             store.clone(),
             Arc::new(DefinitionCache::new(store)),
@@ -89,7 +89,7 @@ pub(crate) async fn publisher(global: &Global, _args: &PublisherArgs) -> anyhow:
             return Ok(Exit::Invalid);
         }
     };
-    with_store!(&global.db, |store| {
+    with_store!(global, |store| {
         let publisher = OutboxPublisher::new(store, queue, PublisherConfig::default());
         tracing::info!(queue = %global.queue, "outbox publisher started");
         Ok(finished(publisher.run(shutdown_on_signal()).await))
@@ -107,7 +107,7 @@ pub(crate) async fn worker(global: &Global, args: &WorkerArgs) -> anyhow::Result
             return Ok(Exit::Invalid);
         }
     };
-    with_store!(&global.db, |store| serve_worker(
+    with_store!(global, |store| serve_worker(
         store,
         queue,
         global,

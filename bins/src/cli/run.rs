@@ -52,8 +52,7 @@ pub(crate) async fn run(global: &Global, args: &Args) -> anyhow::Result<Exit> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-    with_store!(&global.db, |store| drive(store, global, args, &def, input, base_dir)
-        .await)
+    with_store!(global, |store| drive(store, global, args, &def, input, base_dir).await)
 }
 
 async fn drive<S: Store>(

@@ -51,7 +51,7 @@ pub(crate) enum Command {
 
 /// Runs a `runs` subcommand.
 pub(crate) async fn run(global: &Global, command: Command) -> anyhow::Result<Exit> {
-    with_store!(&global.db, |store| {
+    with_store!(global, |store| {
         let service = Service::new(store);
         match command {
             Command::List { limit, output } => list(&service, limit, output).await,

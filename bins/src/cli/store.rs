@@ -41,8 +41,8 @@ pub(crate) async fn sqlite(url: &str) -> anyhow::Result<SqliteStore> {
 }
 
 /// Opens a PostgreSQL store whose migrations are applied.
-pub(crate) async fn postgres(url: &str) -> anyhow::Result<PgStore> {
-    PgStore::connect(url, Arc::new(SystemClock), PgOptions::default())
+pub(crate) async fn postgres(url: &str, options: PgOptions) -> anyhow::Result<PgStore> {
+    PgStore::connect(url, Arc::new(SystemClock), options)
         .await
         .with_context(|| format!("opening {}", redact(url)))
 }
@@ -87,12 +87,14 @@ pub(crate) fn redact(url: &str) -> String {
     out
 }
 
-/// Opens the store `$url` names as `$store` and evaluates `$body` with it;
-/// an unknown scheme prints a usage error and evaluates to `Exit::Invalid`,
-/// a store that cannot be opened to `Exit::Infrastructure`.
+/// Opens the store `$global.db` names (tuned by `$global`'s PostgreSQL
+/// options) as `$store` and evaluates `$body` with it; an unknown scheme
+/// prints a usage error and evaluates to `Exit::Invalid`, a store that
+/// cannot be opened to `Exit::Infrastructure`.
 macro_rules! with_store {
-    ($url:expr, |$store:ident| $body:expr) => {{
-        let url: &str = $url;
+    ($global:expr, |$store:ident| $body:expr) => {{
+        let global: &$crate::cli::Global = $global;
+        let url: &str = &global.db;
         match $crate::cli::store::kind(url) {
             Err(message) => {
                 eprintln!("error: {message}");
@@ -105,13 +107,15 @@ macro_rules! with_store {
                     Ok($crate::cli::Exit::Infrastructure)
                 }
             },
-            Ok($crate::cli::store::Kind::Postgres) => match $crate::cli::store::postgres(url).await {
-                Ok($store) => $body,
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    Ok($crate::cli::Exit::Infrastructure)
+            Ok($crate::cli::store::Kind::Postgres) => {
+                match $crate::cli::store::postgres(url, global.pg_options()).await {
+                    Ok($store) => $body,
+                    Err(e) => {
+                        eprintln!("error: {e:#}");
+                        Ok($crate::cli::Exit::Infrastructure)
+                    }
                 }
-            },
+            }
         }
     }};
 }

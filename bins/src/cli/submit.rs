@@ -55,7 +55,7 @@ pub(crate) async fn run(global: &Global, args: &Args) -> anyhow::Result<Exit> {
         );
         return Ok(Exit::Invalid);
     }
-    with_store!(&global.db, |store| submit(store, args, &def, input).await)
+    with_store!(global, |store| submit(store, args, &def, input).await)
 }
 
 async fn submit<S: Store>(

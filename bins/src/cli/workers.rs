@@ -21,7 +21,7 @@ pub(crate) enum Command {
 /// Runs a `workers` subcommand.
 pub(crate) async fn run(global: &Global, command: Command) -> anyhow::Result<Exit> {
     let Command::List { output } = command;
-    with_store!(&global.db, |store| list(&store, output).await)
+    with_store!(global, |store| list(&store, output).await)
 }
 
 async fn list<S: Store>(store: &S, output: Output) -> anyhow::Result<Exit> {

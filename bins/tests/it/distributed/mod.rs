@@ -22,6 +22,7 @@ mod mixed;
 mod outbox;
 mod postgres;
 mod proxy;
+mod stalls;
 mod topology;
 mod worker;
 

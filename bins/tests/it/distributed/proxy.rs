@@ -1,8 +1,8 @@
-//! A TCP proxy in front of the broker or PostgreSQL that a test cuts and
-//! restores, so an outage touches only the test's own connections.
-//! adapters-rabbit's tests carry their own copy (with a stalling mode as
-//! well): the two test crates share no test-support crate, and this one
-//! also stands in front of PostgreSQL.
+//! A TCP proxy in front of the broker or PostgreSQL that a test cuts,
+//! stalls and restores, so an outage touches only the test's own
+//! connections. adapters-rabbit's tests carry their own copy: the two test
+//! crates share no test-support crate, and this one also stands in front of
+//! PostgreSQL.
 
 use std::net::SocketAddr;
 
@@ -18,6 +18,9 @@ pub(crate) enum Mode {
     Forward,
     /// Closes every connection, and each new one as soon as it is accepted.
     Cut,
+    /// Keeps every connection open but forwards nothing, either way: the
+    /// peer goes silent, as a stopped process or a dead link does.
+    Stall,
 }
 
 /// The proxy; dropping it cuts everything and stops accepting.
@@ -75,8 +78,15 @@ async fn pipe(mut client: TcpStream, upstream: SocketAddr, mut mode: watch::Rece
     let mut up = vec![0u8; 64 * 1024];
     let mut down = vec![0u8; 64 * 1024];
     loop {
-        if *mode.borrow_and_update() == Mode::Cut {
+        let current = *mode.borrow_and_update();
+        if current == Mode::Cut {
             return;
+        }
+        if current == Mode::Stall {
+            if mode.changed().await.is_err() {
+                return;
+            }
+            continue;
         }
         tokio::select! {
             read = client_read.read(&mut up) => match read {
