@@ -85,6 +85,9 @@ enum Layer {
     App,
     Bins,
     Xtask,
+    /// Test support: a dev-dependency of any layer but `domain`; it knows
+    /// no FlowForge crate.
+    Testkit,
 }
 
 fn layer_of(package: &str) -> Option<Layer> {
@@ -94,6 +97,7 @@ fn layer_of(package: &str) -> Option<Layer> {
         "flowforge-app" => Layer::App,
         "flowforge-bins" => Layer::Bins,
         "flowforge-xtask" => Layer::Xtask,
+        "flowforge-testkit" => Layer::Testkit,
         p if p.starts_with("flowforge-adapters-") => Layer::Adapter,
         _ => return None,
     })
@@ -104,7 +108,9 @@ fn layer_of(package: &str) -> Option<Layer> {
 fn dependency_allowed(from: Layer, to: Layer, kind: &str) -> bool {
     // `app`'s own integration tests run its loops over the in-process queue
     // and SQLite; its library never sees an adapter.
-    edge_allowed(from, to) || (from == Layer::App && to == Layer::Adapter && kind == "dev")
+    edge_allowed(from, to)
+        || (from == Layer::App && to == Layer::Adapter && kind == "dev")
+        || (from != Layer::Domain && to == Layer::Testkit && kind == "dev")
 }
 
 /// Whether a crate of layer `from` may depend on one of layer `to`.
@@ -112,7 +118,7 @@ fn edge_allowed(from: Layer, to: Layer) -> bool {
     use Layer::*;
     match (from, to) {
         (Xtask, _) => true,
-        (_, Xtask) | (Domain, _) => false,
+        (_, Xtask) | (Domain, _) | (Testkit, _) | (_, Testkit) => false,
         (Ports, Domain) => true,
         (Adapter | App, Domain | Ports) => true,
         (Bins, Domain | Ports | Adapter | App) => true,
@@ -392,6 +398,11 @@ mod tests {
         assert!(dependency_allowed(App, Adapter, "dev"), "app's tests may use adapters");
         assert!(!dependency_allowed(App, Adapter, "normal"), "app's library never does");
         assert!(!dependency_allowed(App, Adapter, "build"));
+        assert!(dependency_allowed(Adapter, Testkit, "dev"), "tests use the test kit");
+        assert!(dependency_allowed(Bins, Testkit, "dev"));
+        assert!(!dependency_allowed(Adapter, Testkit, "normal"), "shipped code never does");
+        assert!(!dependency_allowed(Domain, Testkit, "dev"), "domain stays pure");
+        assert!(!dependency_allowed(Testkit, Ports, "normal"), "the kit knows no FlowForge crate");
         assert_eq!(layer_of("flowforge-adapters-sqlite"), Some(Adapter));
         assert_eq!(layer_of("serde"), None);
     }

@@ -40,12 +40,26 @@ const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
 /// Where this host's added CA certificates are (Debian's convention).
 const LOCAL_CA_DIR: &str = "/usr/local/share/ca-certificates";
 
-/// `cargo xtask images`.
+/// `cargo xtask images [--services]`.
 pub(crate) fn run(args: &[String]) -> Result<()> {
-    if let Some(arg) = args.first() {
-        bail!("images takes no arguments, got `{arg}`");
+    match args {
+        [] => build(),
+        [flag] if flag == "--services" => build_services(),
+        [arg, ..] => bail!("images takes only `--services`, got `{arg}`"),
     }
-    build()
+}
+
+/// Builds the base and the service images only: what the integration
+/// tests' containers need (the test-support crate starts them), without
+/// the slow build of FlowForge's own image.
+fn build_services() -> Result<()> {
+    let started = Instant::now();
+    docker::ensure_daemon()?;
+    let root = project_root();
+    timed("base image", || ensure_base(&root))?;
+    services(&root)?;
+    println!("images: service images built in {:.1}s", started.elapsed().as_secs_f64());
+    Ok(())
 }
 
 /// Builds every image (see the module documentation).
@@ -89,6 +103,13 @@ pub(crate) fn build() -> Result<()> {
         docker::run(Command::new("docker").args(["tag", FLOWFORGE_IMAGE, &format!("flowforge:{version}")]))
     })?;
 
+    services(&root)?;
+    println!("images: built in {:.1}s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The PostgreSQL and RabbitMQ images, on the base image.
+fn services(root: &Path) -> Result<()> {
     for (tag, dir) in [
         (POSTGRES_IMAGE, "containers/postgres"),
         (RABBITMQ_IMAGE, "containers/rabbitmq"),
@@ -97,7 +118,6 @@ pub(crate) fn build() -> Result<()> {
             docker_build(tag, &root.join(dir), &[("BASE_IMAGE", BASE_IMAGE)])
         })?;
     }
-    println!("images: built in {:.1}s", started.elapsed().as_secs_f64());
     Ok(())
 }
 

@@ -57,8 +57,11 @@ commands:
   deny-selftest   prove check-deps and cargo deny reject tokio in domain
   bench [SUITE…]  run the benchmarks (embedded, postgres, distributed) and
                   write their figures beside the targets in BENCHMARKS.md
-  images          build the flowforge image and the compose stack's service
-                  images from local bases (installs and starts Docker if needed)
+  images [--services]
+                  build the flowforge image and the compose stack's service
+                  images from local bases (installs and starts Docker if needed);
+                  --services: only the PostgreSQL and RabbitMQ images the
+                  integration tests start
   compose-smoke   bring compose.yaml up, submit a run, kill a worker mid-run,
                   check both runs, bring it down
   help            this text";
