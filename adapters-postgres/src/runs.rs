@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use flowforge_domain::limits::{self, MAX_STALE_AUDITS_PER_TASK_RUN, Refusal, ValueKind};
 use flowforge_domain::{RunState, TaskRunState, TaskTransition, run_machine};
 use flowforge_ports::store::resolve_generic_transition;
 use flowforge_ports::{
@@ -69,11 +70,16 @@ impl PgStore {
         worker: &WorkerId,
         outcome: TaskOutcome,
     ) -> Result<FinishResult, store::Error> {
-        let (state, transition, output, error, reason, retry_in) = match outcome {
+        let (state, transition, output, error, reason, retry_in) = match outcome.storable() {
             TaskOutcome::Succeeded { output } => (
                 TaskRunState::Succeeded,
                 TaskTransition::Succeed,
-                Some(output),
+                // Sent as text: PostgreSQL parses it into jsonb and keeps
+                // its length for task_inputs' limit.
+                Some(
+                    serde_json::to_string(&output)
+                        .map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?,
+                ),
                 None,
                 None,
                 None,
@@ -104,7 +110,8 @@ impl PgStore {
             .bind(transition.as_str())
             .bind(output)
             .bind(error)
-            .bind(reason);
+            .bind(reason)
+            .bind(MAX_STALE_AUDITS_PER_TASK_RUN);
         let Some(retry_in) = retry_in else {
             // One statement, one implicit transaction: the hot path.
             let (recorded, woke) = finish.fetch_one(&self.inner.pool).await.map_err(store_error)?;
@@ -179,6 +186,13 @@ impl RunStore for PgStore {
     type Notifier = PgNotifier;
 
     async fn start_run(&self, workflow: WorkflowId, input: Value) -> Result<RunId, store::Error> {
+        if let Some(path) = limits::find_nul(&input) {
+            return Err(Refusal::Nul {
+                kind: ValueKind::RunInput,
+                path,
+            }
+            .into());
+        }
         let id = Uuid::now_v7();
         let (created, woke_publisher, woke_scheduler): (bool, bool, bool) = sqlx::query_as(queries::START_RUN)
             .bind(self.offset())
@@ -259,16 +273,26 @@ impl RunStore for PgStore {
         }))
     }
 
-    async fn task_inputs(&self, run: RunId, keys: &[String]) -> Result<TaskInputs, store::Error> {
-        let row: Option<(Value, Option<Value>)> = sqlx::query_as(queries::TASK_INPUTS)
+    async fn task_inputs(&self, run: RunId, keys: &[String], limit: usize) -> Result<TaskInputs, store::Error> {
+        let row: Option<(Value, i64, Option<Value>)> = sqlx::query_as(queries::TASK_INPUTS)
             .bind(run.0)
             .bind(keys)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_optional(&self.inner.pool)
             .await
             .map_err(store_error)?;
-        let Some((run_input, outputs)) = row else {
+        let Some((run_input, bytes, outputs)) = row else {
             return Err(store::Error::Other(format!("run {run} does not exist")));
         };
+        let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        if bytes > limit {
+            return Err(Refusal::TooLarge {
+                kind: ValueKind::TaskInputs,
+                bytes,
+                limit,
+            }
+            .into());
+        }
         let outputs = match outputs {
             None => Map::new(),
             Some(Value::Object(map)) => map,

@@ -108,8 +108,19 @@ macro_rules! stale_audit {
             ", 'stale ",
             $label,
             " rejected: token ' || ?3 || ' presented, the row is ' || state || ' at token ' || fencing_token \
-             FROM task_run WHERE id = ?2 AND changes() = 0"
+             FROM task_run WHERE id = ?2 AND changes() = 0 \
+             AND (SELECT count(*) FROM task_run_event WHERE task_run_id = ?2 \
+             AND transition = 'stale_write_rejected') < ",
+            max_stale_audits!()
         )
+    };
+}
+
+/// `MAX_STALE_AUDITS_PER_TASK_RUN` as a literal the statements can be
+/// built from (a unit test keeps the two equal).
+macro_rules! max_stale_audits {
+    () => {
+        "100"
     };
 }
 

@@ -577,6 +577,14 @@ pub(crate) fn tagged(rows: &[SqliteRow], tag: i64) -> impl Iterator<Item = &Sqli
 mod tests {
     use super::PAD;
 
+    #[test]
+    fn the_stale_audit_cap_is_the_domains() {
+        assert_eq!(
+            max_stale_audits!().parse::<i64>().ok(),
+            Some(flowforge_domain::limits::MAX_STALE_AUDITS_PER_TASK_RUN)
+        );
+    }
+
     /// How many slots of a multi-statement SQL text sqlx numbers
     /// positionally: per statement, the unused numbers below its highest
     /// `?NNN`.

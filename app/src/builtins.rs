@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use flowforge_domain::limits::DEFAULT_TASK_OUTPUT_BYTES;
 use flowforge_ports::{HandlerError, TaskContext};
 use serde_json::{Map, Value, json};
 
@@ -27,6 +28,9 @@ pub struct BuiltinOptions {
     pub base_dir: PathBuf,
     /// How long a command's process group gets between SIGTERM and SIGKILL.
     pub kill_grace: Duration,
+    /// The most stdout a command may print: the task output limit
+    /// (docs/design/data-flow.md#limits).
+    pub output_limit: usize,
 }
 
 impl Default for BuiltinOptions {
@@ -35,6 +39,7 @@ impl Default for BuiltinOptions {
             allow_command: false,
             base_dir: PathBuf::from("."),
             kill_grace: Duration::from_secs(3),
+            output_limit: DEFAULT_TASK_OUTPUT_BYTES,
         }
     }
 }
@@ -55,7 +60,8 @@ pub fn register_builtins(registry: &mut HandlerRegistry, options: BuiltinOptions
         registry.register_fn("command", move |ctx| {
             let options = options.clone();
             async move {
-                let spec = CommandSpec::from_config(&ctx.config, &options.base_dir)?;
+                let mut spec = CommandSpec::from_config(&ctx.config, &options.base_dir)?;
+                spec.stdout_limit = options.output_limit;
                 run_command(&ctx, &spec, options.kill_grace).await
             }
         });

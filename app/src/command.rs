@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use flowforge_domain::limits::DEFAULT_TASK_OUTPUT_BYTES;
 use flowforge_ports::{HandlerError, TaskContext};
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill, killpg};
@@ -24,8 +25,6 @@ use serde_json::{Map, Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-/// The most stdout a command may print (its output is size-limited anyway).
-const STDOUT_LIMIT: usize = 4 * 1024 * 1024;
 /// How much of stderr's tail a failure reports.
 const STDERR_TAIL: usize = 4 * 1024;
 /// How long the pipes are still read once the leader has exited and its
@@ -59,6 +58,10 @@ pub struct CommandSpec {
     pub env: BTreeMap<String, String>,
     /// Working directory: canonical, and inside the base folder.
     pub cwd: PathBuf,
+    /// The most stdout kept: the task output limit
+    /// (docs/design/data-flow.md#limits), enforced while reading, so a
+    /// command printing without end costs no more memory than that.
+    pub stdout_limit: usize,
 }
 
 impl CommandSpec {
@@ -116,7 +119,12 @@ impl CommandSpec {
             Some(_) => return Err(bad("config.cwd must be a string")),
         };
         let cwd = confine(base_dir, dir)?;
-        Ok(Self { argv, env, cwd })
+        Ok(Self {
+            argv,
+            env,
+            cwd,
+            stdout_limit: DEFAULT_TASK_OUTPUT_BYTES,
+        })
     }
 }
 
@@ -298,9 +306,9 @@ struct Reader {
 }
 
 impl Reader {
-    fn stdout(pipe: impl AsyncRead + Unpin + Send + 'static) -> Self {
+    fn stdout(pipe: impl AsyncRead + Unpin + Send + 'static, limit: usize) -> Self {
         let captured = Captured::default();
-        let task = tokio::spawn(read_limited(pipe, Arc::clone(&captured), STDOUT_LIMIT));
+        let task = tokio::spawn(read_limited(pipe, Arc::clone(&captured), limit));
         Self { captured, task }
     }
 
@@ -376,7 +384,7 @@ pub async fn run_command(ctx: &TaskContext, spec: &CommandSpec, grace: Duration)
             let _ = stdin.write_all(&stdin_json).await;
         }
     });
-    let stdout = child.stdout.take().map(Reader::stdout);
+    let stdout = child.stdout.take().map(|pipe| Reader::stdout(pipe, spec.stdout_limit));
     let stderr = child.stderr.take().map(Reader::stderr);
 
     let status = tokio::select! {
@@ -423,7 +431,8 @@ pub async fn run_command(ctx: &TaskContext, spec: &CommandSpec, grace: Duration)
     }
     if overflow {
         return Err(HandlerError::permanent(format!(
-            "command printed more than {STDOUT_LIMIT} bytes on stdout"
+            "command printed more than {} bytes on stdout; the limit (max_task_output_bytes) is {} bytes",
+            spec.stdout_limit, spec.stdout_limit
         )));
     }
     let text = String::from_utf8_lossy(&out);
@@ -443,6 +452,7 @@ mod tests {
             argv: argv.iter().map(|s| (*s).to_owned()).collect(),
             env: BTreeMap::new(),
             cwd: std::env::temp_dir(),
+            stdout_limit: DEFAULT_TASK_OUTPUT_BYTES,
         }
     }
 
@@ -570,6 +580,22 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(plain, json!({"exit_code": 0, "stdout": "hello\n"}));
+    }
+
+    #[tokio::test]
+    async fn stdout_past_the_output_limit_is_a_permanent_failure_read_within_the_limit() {
+        // 64 MiB on stdout against a 1 KiB limit: the reader keeps 1 KiB
+        // and drains the rest, so this costs no memory to speak of.
+        let mut s = spec(&["sh", "-c", "head -c 67108864 /dev/zero | tr '\\0' x"]);
+        s.stdout_limit = 1024;
+        let err = run_command(&ctx("command"), &s, Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, flowforge_ports::FailureKind::Permanent);
+        assert_eq!(
+            err.message,
+            "command printed more than 1024 bytes on stdout; the limit (max_task_output_bytes) is 1024 bytes"
+        );
     }
 
     #[tokio::test]

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use flowforge_domain::limits::Limits;
 use flowforge_domain::{RunState, WorkflowDefinition};
 use flowforge_ports::store::{CancelOutcome, Published};
 use flowforge_ports::{DispatchPublisher, DispatchQueue, Observer, RunId, RunSet, Scope, Store, WorkerId, WorkflowId};
@@ -35,8 +36,9 @@ pub struct EngineConfig {
     pub lease: Duration,
     /// How this process names itself as a worker.
     pub worker_id: WorkerId,
-    /// The largest task output, in bytes.
-    pub output_limit: usize,
+    /// The size limits of run inputs, task outputs and task inputs
+    /// (docs/design/data-flow.md#limits).
+    pub limits: Limits,
     /// How long a cancelled or timed-out handler gets to stop.
     pub stop_grace: Duration,
 }
@@ -47,7 +49,7 @@ impl Default for EngineConfig {
             concurrency: std::thread::available_parallelism().map_or(2, usize::from),
             lease: Duration::from_secs(30),
             worker_id: WorkerId(format!("embedded-{}", std::process::id())),
-            output_limit: crate::worker::DEFAULT_OUTPUT_LIMIT,
+            limits: Limits::default(),
             stop_grace: Duration::from_secs(5),
         }
     }
@@ -227,7 +229,7 @@ where
         let registry = Arc::new(registry);
         let mut worker_config = WorkerConfig::new(config.worker_id.clone(), config.concurrency);
         worker_config.lease = config.lease;
-        worker_config.output_limit = config.output_limit;
+        worker_config.limits = config.limits;
         worker_config.stop_grace = config.stop_grace;
         let worker = Arc::new(Worker::new(
             store.clone(),
@@ -238,7 +240,7 @@ where
             worker_config,
         ));
         Self {
-            service: Service::with_cache(store.clone(), Arc::clone(&defs)),
+            service: Service::with_cache(store.clone(), Arc::clone(&defs)).with_limits(config.limits),
             store,
             queue,
             defs,

@@ -1,5 +1,6 @@
 //! The application's error type: what a use case or loop can fail with.
 
+use flowforge_domain::limits::Refusal;
 use flowforge_ports::{LoadError, PublishError, RunId, queue, store};
 
 /// Why a use case failed.
@@ -7,7 +8,12 @@ use flowforge_ports::{LoadError, PublishError, RunId, queue, store};
 pub enum Error {
     /// The store failed.
     #[error(transparent)]
-    Store(#[from] store::Error),
+    Store(store::Error),
+    /// A value cannot be stored or breaks a size limit
+    /// (docs/design/data-flow.md#limits): the caller's input, not the
+    /// infrastructure.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
     /// A definition could not be loaded.
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -46,6 +52,17 @@ pub enum Error {
     LoopStopped,
 }
 
+impl From<store::Error> for Error {
+    /// A store's refusal of a value is the caller's problem, whichever
+    /// check (the use case's or the store's) found it first.
+    fn from(e: store::Error) -> Self {
+        match e {
+            store::Error::Refused(refusal) => Self::Refused(refusal),
+            other => Self::Store(other),
+        }
+    }
+}
+
 impl Error {
     /// Whether the failure is the infrastructure's or the engine's own
     /// (exit code 4) rather than the input's (exit code 2).
@@ -53,8 +70,8 @@ impl Error {
         match self {
             Self::Store(_) | Self::Queue(_) | Self::LoopPanicked { .. } | Self::LoopStopped => true,
             Self::Load(e) => !matches!(e, LoadError::NotFound(_)),
-            Self::Publish(e) => matches!(e, PublishError::Store(_)),
-            Self::UnknownTaskTypes { .. } | Self::RunNotFound(_) | Self::TimeoutTooLong(_) => false,
+            Self::Publish(e) => matches!(e, PublishError::Store(e) if !matches!(e, store::Error::Refused(_))),
+            Self::Refused(_) | Self::UnknownTaskTypes { .. } | Self::RunNotFound(_) | Self::TimeoutTooLong(_) => false,
         }
     }
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flowforge_domain::limits::{self, Limits, ValueKind};
 use flowforge_domain::{RunState, WorkflowDefinition};
 use flowforge_ports::store::{CancelOutcome, Notifier, Published, Topic};
 use flowforge_ports::{RunId, RunSummary, Scope, Store, WorkflowId};
@@ -53,6 +54,7 @@ pub enum Closed {
 pub struct Service<S: Store> {
     store: S,
     defs: Arc<DefinitionCache<S>>,
+    limits: Limits,
 }
 
 impl<S: Store> Clone for Service<S> {
@@ -60,6 +62,7 @@ impl<S: Store> Clone for Service<S> {
         Self {
             store: self.store.clone(),
             defs: Arc::clone(&self.defs),
+            limits: self.limits,
         }
     }
 }
@@ -95,7 +98,18 @@ impl<S: Store> Service<S> {
 
     /// The use cases over `store`, sharing `defs` with the loops.
     pub fn with_cache(store: S, defs: Arc<DefinitionCache<S>>) -> Self {
-        Self { store, defs }
+        Self {
+            store,
+            defs,
+            limits: Limits::default(),
+        }
+    }
+
+    /// The same use cases holding run inputs to `limits`.
+    #[must_use]
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// The store.
@@ -131,8 +145,11 @@ impl<S: Store> Service<S> {
         Ok(published)
     }
 
-    /// Starts a run of a published definition.
+    /// Starts a run of a published definition. An input that cannot be
+    /// stored or is larger than `max_run_input_bytes` is refused
+    /// ([`Error::Refused`]) before anything is written.
     pub async fn start(&self, workflow: WorkflowId, input: Value) -> Result<RunId, Error> {
+        limits::check_value(ValueKind::RunInput, &input, self.limits.run_input_bytes)?;
         Ok(self.store.start_run(workflow, input).await?)
     }
 

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flowforge_domain::TaskRunState;
+use flowforge_domain::limits::{self, Limits, ValueKind};
 use flowforge_ports::store::{Claim, FinishResult, LeaseStatus, TaskOutcome};
 use flowforge_ports::{
     Delivery, Dispatch, DispatchConsumer, DispatchQueue, HandlerError, RunId, Store, TaskContext, TaskEvent, WorkerId,
@@ -36,9 +37,6 @@ const STORE_TROUBLE_PAUSE: Duration = Duration::from_secs(1);
 /// of straight back to this one.
 const NOT_SERVED_PAUSE: Duration = Duration::from_millis(200);
 
-/// The default largest task output: 1 MiB (docs/design/handlers.md#outcomes).
-pub const DEFAULT_OUTPUT_LIMIT: usize = 1024 * 1024;
-
 /// Tuning of a worker.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -51,8 +49,9 @@ pub struct WorkerConfig {
     /// How long a handler gets to stop after its cancellation fires
     /// (timeout, cancel, lost lease) before it is abandoned.
     pub stop_grace: Duration,
-    /// The largest JSON output accepted, in bytes.
-    pub output_limit: usize,
+    /// The largest output stored and the largest inputs assembled for one
+    /// attempt (docs/design/data-flow.md#limits).
+    pub limits: Limits,
     /// Task timeouts above this are refused (RabbitMQ's consumer timeout
     /// would otherwise close the channel under a long task).
     pub max_task_timeout: Option<Duration>,
@@ -60,15 +59,15 @@ pub struct WorkerConfig {
 
 impl WorkerConfig {
     /// A config with the default lease
-    /// (docs/design/leases-and-fencing.md#leases-and-heartbeats) and output
-    /// limit (docs/design/handlers.md#outcomes).
+    /// (docs/design/leases-and-fencing.md#leases-and-heartbeats) and limits
+    /// (docs/design/data-flow.md#limits).
     pub fn new(id: WorkerId, concurrency: usize) -> Self {
         Self {
             id,
             concurrency: concurrency.max(1),
             lease: Duration::from_secs(30),
             stop_grace: Duration::from_secs(5),
-            output_limit: DEFAULT_OUTPUT_LIMIT,
+            limits: Limits::default(),
             max_task_timeout: None,
         }
     }
@@ -458,8 +457,14 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             Some(forward) => vec![forward.clone()],
             None => task.depends_on().to_vec(),
         };
-        let inputs = match self.store.task_inputs(claim.run_id, &keys).await {
+        let inputs = match self
+            .store
+            .task_inputs(claim.run_id, &keys, self.config.limits.task_inputs_bytes)
+            .await
+        {
             Ok(i) => i,
+            // The same outputs are as large next time.
+            Err(store::Error::Refused(refusal)) => return permanent(&mut event, refusal.to_string()),
             Err(e) => {
                 let message = format!("could not read the task's inputs: {e}");
                 event.error = Some(message.clone());
@@ -494,21 +499,17 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
         };
         let ending = self.supervise(claim, asked, ctx, timeout, cancel).await;
         let (error, permanent_failure) = match ending {
-            Ending::Output(output) => match serde_json::to_vec(&output) {
-                Ok(bytes) if bytes.len() <= self.config.output_limit => {
-                    event.output = Some(output.clone());
-                    return (TaskOutcome::Succeeded { output }, event);
+            // An output no store can keep, or too large to, fails for good:
+            // the same handler gives the same output again.
+            Ending::Output(output) => {
+                match limits::check_value(ValueKind::TaskOutput, &output, self.config.limits.task_output_bytes) {
+                    Ok(_) => {
+                        event.output = Some(output.clone());
+                        return (TaskOutcome::Succeeded { output }, event);
+                    }
+                    Err(refusal) => (refusal.to_string(), true),
                 }
-                Ok(bytes) => (
-                    format!(
-                        "output is {} bytes; the limit is {} bytes",
-                        bytes.len(),
-                        self.config.output_limit
-                    ),
-                    true,
-                ),
-                Err(e) => (format!("output is not JSON-serialisable: {e}"), true),
-            },
+            }
             Ending::Failed(e) => (e.message, e.kind == flowforge_ports::FailureKind::Permanent),
             Ending::TimedOut(after) => (format!("timed out after {}s", after.as_secs_f64()), false),
             Ending::Cancelled => return (TaskOutcome::Cancelled, event),
@@ -521,6 +522,8 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 false,
             ),
         };
+        // As the store will keep it (docs/design/data-flow.md#limits).
+        let error = limits::storable_text(&error).into_owned();
         event.error = Some(error.clone());
         event.retry_in = policy.next_retry(claim.attempt, permanent_failure);
         (

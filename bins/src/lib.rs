@@ -37,6 +37,7 @@ pub use flowforge_app::{
     BUILTIN_TYPES, BuiltinOptions, Closed, Engine, EngineConfig, Error, HandlerRegistry, RunReport, Service, Serving,
     TaskTypes, to_output,
 };
+pub use flowforge_domain::limits::{self, Limits, Refusal};
 pub use flowforge_domain::schema::{ParseError, parse_definition};
 pub use flowforge_domain::{RunState, TaskDefinition, WorkflowDefinition};
 use flowforge_ports::{Clock, Store, SystemClock, WorkerId};
@@ -112,9 +113,11 @@ impl EmbeddedBuilder {
         self
     }
 
-    /// The largest task output accepted, in bytes (default 1 MiB).
-    pub fn output_limit(mut self, bytes: usize) -> Self {
-        self.config.output_limit = bytes;
+    /// The size limits of run inputs, task outputs and the inputs one task
+    /// is given (defaults: 1 MiB, 1 MiB, 16 MiB); a `command` task's stdout
+    /// is held to the output limit while it is read.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.config.limits = limits;
         self
     }
 
@@ -195,7 +198,8 @@ impl EmbeddedBuilder {
     /// clock settings are the store's own, not this builder's.
     pub fn build_on<S: Store>(self, store: S) -> Engine<S, InprocQueue> {
         let mut registry = HandlerRegistry::new();
-        if let Some(options) = self.builtins {
+        if let Some(mut options) = self.builtins {
+            options.output_limit = self.config.limits.task_output_bytes;
             flowforge_app::register_builtins(&mut registry, options);
         }
         registry.extend(self.registry);

@@ -10,6 +10,8 @@ pub mod definition;
 pub mod derive;
 pub mod fingerprint;
 pub mod graph;
+pub mod json_path;
+pub mod limits;
 pub mod machine;
 pub mod schema;
 pub mod state;

@@ -8,6 +8,7 @@ use jsonschema::{Draft, Validator, paths::LocationSegment};
 use serde_json::Value;
 
 use crate::definition::{DefinitionErrors, MAX_BODY_BYTES, MAX_NESTING, WorkflowDefinition, WorkflowDocument, depth};
+use crate::{json_path, limits};
 
 /// The embedded JSON Schema every definition must satisfy.
 pub const DEFINITION_SCHEMA: &str = include_str!("../schema/workflow-definition.schema.json");
@@ -126,21 +127,139 @@ impl ParseError {
 }
 
 /// Checks a JSON value against the definition schema and the nesting
-/// limit, returning every violation.
+/// limit, returning every violation; then, on a value whose shape is right,
+/// what the schema cannot say: integers written as integers and no NUL
+/// character anywhere (docs/design/definitions.md#limits).
 pub fn check_shape(value: &Value) -> Vec<ShapeError> {
     if depth(value) > MAX_NESTING {
-        return vec![ShapeError {
-            path: "$".into(),
-            message: format!("JSON nests deeper than {MAX_NESTING} levels"),
-        }];
+        return vec![too_deep()];
     }
-    VALIDATOR
+    let errors: Vec<ShapeError> = VALIDATOR
         .iter_errors(value)
         .map(|e| ShapeError {
             path: json_path(e.instance_path().iter()),
-            message: e.to_string(),
+            message: describe(&e),
         })
-        .collect()
+        .collect();
+    if !errors.is_empty() {
+        return errors;
+    }
+    let mut errors = fractional_integers(value);
+    if let Some(path) = limits::find_nul(value) {
+        errors.push(ShapeError {
+            path,
+            message: "holds a NUL character (U+0000), which cannot be stored".into(),
+        });
+    }
+    errors
+}
+
+fn too_deep() -> ShapeError {
+    ShapeError {
+        path: "$".into(),
+        message: format!("JSON nests deeper than {MAX_NESTING} levels"),
+    }
+}
+
+/// The longest schema message that quotes the offending value; a longer
+/// one names it instead, so a 10 001-task array is not printed back.
+const QUOTED_MESSAGE_MAX: usize = 200;
+
+/// What a schema violation says: an identifier's offending character by
+/// name, otherwise the validator's message — without the offending value
+/// when quoting it would make the message long.
+fn describe(error: &jsonschema::ValidationError<'_>) -> String {
+    if let (jsonschema::error::ValidationErrorKind::Pattern { pattern }, Value::String(text)) =
+        (error.kind(), error.instance().as_ref())
+        && pattern.contains(IDENTIFIER_CLASS_MARK)
+    {
+        return identifier_problem(text);
+    }
+    let quoted = error.to_string();
+    if quoted.chars().count() <= QUOTED_MESSAGE_MAX {
+        return quoted;
+    }
+    let masked = error.masked_with("the value").to_string();
+    if masked.chars().count() <= QUOTED_MESSAGE_MAX {
+        return masked;
+    }
+    let cut: String = masked.chars().take(QUOTED_MESSAGE_MAX).collect();
+    format!("{cut}…")
+}
+
+/// Characters no name, key or task type may hold (beside whitespace-only
+/// text): the C0 and C1 controls and the invisible formatting characters of
+/// the Basic Multilingual Plane (zero-width, bidirectional controls, soft
+/// hyphen, byte-order mark) and the line and paragraph separators, which
+/// would make two different keys look the same or reorder a message. The
+/// schema's `identifier` pattern excludes exactly these ranges.
+pub const INVISIBLE: &[(char, char)] = &[
+    ('\u{0000}', '\u{001f}'),
+    ('\u{007f}', '\u{009f}'),
+    ('\u{00ad}', '\u{00ad}'),
+    ('\u{0600}', '\u{0605}'),
+    ('\u{061c}', '\u{061c}'),
+    ('\u{06dd}', '\u{06dd}'),
+    ('\u{070f}', '\u{070f}'),
+    ('\u{180e}', '\u{180e}'),
+    ('\u{200b}', '\u{200f}'),
+    ('\u{2028}', '\u{202e}'),
+    ('\u{2060}', '\u{2064}'),
+    ('\u{2066}', '\u{206f}'),
+    ('\u{feff}', '\u{feff}'),
+    ('\u{fff9}', '\u{fffb}'),
+];
+
+/// A piece of the identifier pattern that tells its violations apart.
+const IDENTIFIER_CLASS_MARK: &str = "\\u200b-\\u200f";
+
+fn is_invisible(c: char) -> bool {
+    INVISIBLE.iter().any(|&(low, high)| (low..=high).contains(&c))
+}
+
+/// Why `text` is not a valid identifier (it broke the pattern).
+fn identifier_problem(text: &str) -> String {
+    match text.chars().enumerate().find(|(_, c)| is_invisible(*c)) {
+        Some((at, c)) => format!(
+            "holds U+{:04X} at character {}, an invisible control or formatting character; \
+             names, keys and task types must be visible text (no control, zero-width or \
+             bidirectional characters)",
+            u32::from(c),
+            at + 1
+        ),
+        None => "must not be blank".to_owned(),
+    }
+}
+
+/// Integer settings written with a fraction or an exponent (`1.0`, `1e3`):
+/// JSON Schema counts them as integers, but a version is written as one.
+fn fractional_integers(value: &Value) -> Vec<ShapeError> {
+    let mut found = Vec::new();
+    let mut check = |path: String, v: Option<&Value>| {
+        if v.is_some_and(|v| v.is_number() && !v.is_u64() && !v.is_i64()) {
+            found.push(ShapeError {
+                path,
+                message: format!(
+                    "must be written as an integer (1, not 1.0), found {}",
+                    v.map_or_else(String::new, Value::to_string)
+                ),
+            });
+        }
+    };
+    check("$.version".into(), value.get("version"));
+    check(
+        "$.defaults.retry.max_attempts".into(),
+        value.pointer("/defaults/retry/max_attempts"),
+    );
+    if let Some(tasks) = value.get("tasks").and_then(Value::as_array) {
+        for (i, task) in tasks.iter().enumerate() {
+            check(
+                format!("$.tasks[{i}].retry.max_attempts"),
+                task.pointer("/retry/max_attempts"),
+            );
+        }
+    }
+    found
 }
 
 /// Parses and validates a definition: size limit, JSON, shape, graph.
@@ -148,7 +267,14 @@ pub fn parse_definition(bytes: &[u8]) -> Result<WorkflowDefinition, ParseError> 
     if bytes.len() > MAX_BODY_BYTES {
         return Err(ParseError::TooLarge { size: bytes.len() });
     }
-    let value: Value = serde_json::from_slice(bytes).map_err(|e| ParseError::Json(e.to_string()))?;
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+        // serde_json stops at 128 levels: valid JSON, but too deep for us.
+        if e.to_string().starts_with("recursion limit exceeded") {
+            ParseError::Shape(vec![too_deep()])
+        } else {
+            ParseError::Json(e.to_string())
+        }
+    })?;
     parse_value(value)
 }
 
@@ -175,19 +301,8 @@ fn json_path<'a>(segments: impl Iterator<Item = LocationSegment<'a>>) -> String 
     let mut path = String::from("$");
     for segment in segments {
         match segment {
-            LocationSegment::Index(i) => path.push_str(&format!("[{i}]")),
-            LocationSegment::Property(name) => {
-                let plain = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                    && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-                if plain {
-                    path.push('.');
-                    path.push_str(&name);
-                } else {
-                    path.push_str("['");
-                    path.push_str(&name.replace('\\', "\\\\").replace('\'', "\\'"));
-                    path.push_str("']");
-                }
-            }
+            LocationSegment::Index(i) => json_path::push_index(&mut path, i),
+            LocationSegment::Property(name) => json_path::push_property(&mut path, &name),
         }
     }
     path
@@ -344,6 +459,114 @@ mod tests {
         let err = parse_definition(&big).unwrap_err();
         assert!(matches!(err, ParseError::TooLarge { .. }));
         assert_eq!(err.problems()[0].kind, ProblemKind::Shape);
+    }
+
+    #[test]
+    fn a_long_offending_value_is_named_not_printed_back() {
+        let tasks: Vec<Value> = (0..10_001)
+            .map(|i| json!({"key": format!("t{i}"), "task_type": "noop"}))
+            .collect();
+        let p = problems(json!({"name": "w", "version": 1, "tasks": tasks}));
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].3, "the value has more than 10000 items");
+        // A short value is still quoted: it helps find the typo.
+        let p = problems(json!({"name": "w", "version": 0, "tasks": [{"key": "a", "task_type": "noop"}]}));
+        assert_eq!(p[0].3, "0 is less than the minimum of 1");
+    }
+
+    #[test]
+    fn an_integer_written_with_a_fraction_is_refused_at_its_own_path() {
+        let task = json!({"key": "a", "task_type": "noop", "retry": {"max_attempts": 2.0}});
+        let p = problems(
+            json!({"name": "w", "version": 1.0, "defaults": {"retry": {"max_attempts": 3e0}},
+                                "tasks": [task]}),
+        );
+        let paths: Vec<&str> = p.iter().map(|p| p.1.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "$.version",
+                "$.defaults.retry.max_attempts",
+                "$.tasks[0].retry.max_attempts"
+            ]
+        );
+        assert_eq!(p[0].3, "must be written as an integer (1, not 1.0), found 1.0");
+    }
+
+    #[test]
+    fn json_deeper_than_the_parser_allows_is_too_deep_not_invalid() {
+        let text = format!(
+            "{{\"name\": \"w\", \"version\": 1, \"tasks\": [{{\"key\": \"a\", \"task_type\": \"noop\", \"config\": {{\"x\": {}1{}}}}}]}}",
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        let err = parse_definition(text.as_bytes()).unwrap_err();
+        let p = err.problems();
+        assert_eq!((p[0].kind, p[0].path.as_str()), (ProblemKind::Shape, "$"));
+        assert_eq!(p[0].message, "JSON nests deeper than 64 levels");
+        assert!(!err.to_string().contains("invalid"), "{err}");
+    }
+
+    #[test]
+    fn invisible_and_control_characters_in_identifiers_are_named() {
+        for (key, code) in [
+            ("a\u{200b}b", "U+200B at character 2"),
+            ("\u{202e}abc", "U+202E at character 1"),
+            ("x\u{85}", "U+0085 at character 2"),
+            ("a\u{0}", "U+0000 at character 2"),
+            ("a\u{7}", "U+0007 at character 2"),
+            ("\u{feff}k", "U+FEFF at character 1"),
+        ] {
+            let p = problems(json!({"name": "w", "version": 1, "tasks": [{"key": key, "task_type": "noop"}]}));
+            assert_eq!(p.len(), 1, "{key:?}: {p:?}");
+            assert_eq!(p[0].1, "$.tasks[0].key");
+            assert!(
+                p[0].3.starts_with(&format!("holds {code}, an invisible")),
+                "{key:?}: {}",
+                p[0].3
+            );
+        }
+        let p = problems(json!({"name": "   ", "version": 1, "tasks": [{"key": "a", "task_type": "noop"}]}));
+        assert_eq!((p[0].1.as_str(), p[0].3.as_str()), ("$.name", "must not be blank"));
+        // Visible text of any script, with inner spaces, is fine.
+        assert!(
+            parse_definition(
+                &serde_json::to_vec(&json!({"name": "données ETL", "version": 1,
+                "tasks": [{"key": "ключ 1", "task_type": "noop"}]}))
+                .unwrap()
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn the_identifier_pattern_excludes_exactly_the_invisible_ranges() {
+        let class: String = INVISIBLE
+            .iter()
+            .map(|&(low, high)| {
+                if low == high {
+                    format!("\\u{:04x}", u32::from(low))
+                } else {
+                    format!("\\u{:04x}-\\u{:04x}", u32::from(low), u32::from(high))
+                }
+            })
+            .collect();
+        let schema: Value = serde_json::from_str(DEFINITION_SCHEMA).unwrap();
+        let pattern = schema["$defs"]["identifier"]["pattern"].as_str().unwrap();
+        assert_eq!(pattern, format!("^[^{class}]*[^{class}\\s][^{class}]*$"));
+        assert!(pattern.contains(IDENTIFIER_CLASS_MARK));
+    }
+
+    #[test]
+    fn a_nul_anywhere_in_a_definition_is_a_shape_error_at_its_path() {
+        let p = problems(json!({"name": "w", "version": 1, "description": "a\u{0}",
+            "tasks": [{"key": "a", "task_type": "noop", "config": {"argv": ["x\u{0}"]}}]}));
+        assert_eq!(p.len(), 1);
+        assert_eq!((p[0].0, p[0].1.as_str()), ("shape", "$.description"));
+        assert_eq!(p[0].3, "holds a NUL character (U+0000), which cannot be stored");
+        let p = paths(json!({"name": "w", "version": 1,
+            "tasks": [{"key": "a", "task_type": "noop", "config": {"argv": ["x\u{0}"]}}]}));
+        assert_eq!(p, [("shape", "$.tasks[0].config.argv[0]".into())]);
     }
 
     #[test]

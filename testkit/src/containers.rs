@@ -177,7 +177,10 @@ fn sweep_orphans() {
         })
         .collect();
     if !orphans.is_empty() {
-        let _ = Command::new("docker").args(["rm", "--force", "--volumes"]).args(&orphans).output();
+        let _ = Command::new("docker")
+            .args(["rm", "--force", "--volumes"])
+            .args(&orphans)
+            .output();
     }
 }
 
@@ -221,7 +224,11 @@ impl Dedicated {
                 port,
             }),
             Err(why) => {
-                crate::found_or_skip(&Err(format!("a container of this test's own: {why}")), require, variable);
+                crate::found_or_skip(
+                    &Err(format!("a container of this test's own: {why}")),
+                    require,
+                    variable,
+                );
                 None
             }
         }

@@ -42,7 +42,9 @@ fn found_or_skip(found: &Result<String, String>, require: &str, variable: &str) 
         Ok(url) => Some(url.clone()),
         Err(why) => {
             assert!(std::env::var(require).as_deref() != Ok("1"), "{require}=1 but {why}");
-            notice(&format!("SKIPPED: {why}; set {variable} (and {require}=1 to fail instead)"));
+            notice(&format!(
+                "SKIPPED: {why}; set {variable} (and {require}=1 to fail instead)"
+            ));
             None
         }
     }

@@ -32,9 +32,9 @@ fn reachable(url: &str) -> bool {
     url.parse::<sqlx::postgres::PgConnectOptions>()
         .is_ok_and(|o| match o.get_host() {
             socket if socket.starts_with('/') => std::path::Path::new(socket).exists(),
-            host => (host, o.get_port()).to_socket_addrs().is_ok_and(|mut addrs| {
-                addrs.any(|a| TcpStream::connect_timeout(&a, Duration::from_secs(3)).is_ok())
-            }),
+            host => (host, o.get_port())
+                .to_socket_addrs()
+                .is_ok_and(|mut addrs| addrs.any(|a| TcpStream::connect_timeout(&a, Duration::from_secs(3)).is_ok())),
         })
 }
 

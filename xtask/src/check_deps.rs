@@ -400,9 +400,15 @@ mod tests {
         assert!(!dependency_allowed(App, Adapter, "build"));
         assert!(dependency_allowed(Adapter, Testkit, "dev"), "tests use the test kit");
         assert!(dependency_allowed(Bins, Testkit, "dev"));
-        assert!(!dependency_allowed(Adapter, Testkit, "normal"), "shipped code never does");
+        assert!(
+            !dependency_allowed(Adapter, Testkit, "normal"),
+            "shipped code never does"
+        );
         assert!(!dependency_allowed(Domain, Testkit, "dev"), "domain stays pure");
-        assert!(!dependency_allowed(Testkit, Ports, "normal"), "the kit knows no FlowForge crate");
+        assert!(
+            !dependency_allowed(Testkit, Ports, "normal"),
+            "the kit knows no FlowForge crate"
+        );
         assert_eq!(layer_of("flowforge-adapters-sqlite"), Some(Adapter));
         assert_eq!(layer_of("serde"), None);
     }

@@ -58,7 +58,10 @@ fn build_services() -> Result<()> {
     let root = project_root();
     timed("base image", || ensure_base(&root))?;
     services(&root)?;
-    println!("images: service images built in {:.1}s", started.elapsed().as_secs_f64());
+    println!(
+        "images: service images built in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

@@ -248,15 +248,16 @@ RETURNING wr.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL AS ca
 /// flagging the row; when the token no longer matches, the
 /// `stale_write_rejected` audit event instead — both in one statement.
 /// `$1` offset, `$2` id, `$3` token, `$4` worker, `$5`
-/// target state, `$6` transition, `$7` output, `$8` error, `$9` cancel
-/// reason.
+/// target state, `$6` transition, `$7` output (JSON text), `$8` error, `$9`
+/// cancel reason, `$10` the most stale-write audits one task run keeps.
 pub const FINISH: &str = concat!(
     "WITH done AS (
     UPDATE task_run
     SET state = $5, lease_owner = NULL, lease_expires_at = NULL, finished_at = ",
     now!(),
     ",
-        result = $7, error = $8, cancel_reason = $9, needs_pass = true
+        result = $7::jsonb, result_bytes = octet_length($7::text), error = $8, cancel_reason = $9,
+        needs_pass = true
     WHERE id = $2 AND state = 'running' AND fencing_token = $3
     RETURNING id, run_id, task_key, attempt, fencing_token
 ), event AS (
@@ -275,6 +276,8 @@ pub const FINISH: &str = concat!(
            || ' at token ' || tr.fencing_token::text
     FROM task_run AS tr
     WHERE tr.id = $2 AND NOT EXISTS (SELECT 1 FROM done)
+      AND (SELECT count(*) FROM task_run_event AS e
+           WHERE e.task_run_id = $2 AND e.transition = 'stale_write_rejected') < $10
 )
 SELECT (SELECT count(*) FROM done) > 0 AS recorded, ",
     any_row!("done"),
@@ -496,10 +499,18 @@ pub const RUN_STATE: &str = "SELECT state FROM workflow_run WHERE id = $1";
 /// task_inputs: the run input and the outputs of the named task runs
 /// (served by `uniq_taskrun_run_key`). `$1` run, `$2` keys.
 pub const TASK_INPUTS: &str = "\
-SELECT wr.input,
-       (SELECT jsonb_object_agg(tr.task_key, tr.result) FROM task_run AS tr
-        WHERE tr.run_id = $1 AND tr.task_key = ANY($2) AND tr.state = 'succeeded') AS outputs
-FROM workflow_run AS wr WHERE wr.id = $1";
+WITH wanted AS MATERIALIZED (
+    SELECT tr.id, COALESCE(tr.result_bytes, octet_length(tr.result::text)) AS bytes
+    FROM task_run AS tr
+    WHERE tr.run_id = $1 AND tr.task_key = ANY($2) AND tr.state = 'succeeded'
+), total AS (
+    SELECT COALESCE(sum(bytes), 0)::bigint AS bytes FROM wanted
+)
+SELECT wr.input, total.bytes,
+       CASE WHEN total.bytes <= $3 THEN
+           (SELECT jsonb_object_agg(tr.task_key, tr.result) FROM task_run AS tr WHERE tr.id IN (SELECT id FROM wanted))
+       END AS outputs
+FROM workflow_run AS wr, total WHERE wr.id = $1";
 
 /// get_run: the run with its definition's identity. `$1` run.
 pub const GET_RUN: &str = "\

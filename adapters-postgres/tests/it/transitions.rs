@@ -487,7 +487,10 @@ async fn a_pass_promotes_cancels_and_compensates_inside_one_transaction() {
     assert_eq!(keys, ["a", "b", "c"]);
     drop(sweep);
 
-    let inputs = store.task_inputs(run, &["a".into(), "b".into()]).await.unwrap();
+    let inputs = store
+        .task_inputs(run, &["a".into(), "b".into()], usize::MAX)
+        .await
+        .unwrap();
     assert_eq!(inputs.run_input, json!({"n": 1}));
     assert_eq!(inputs.outputs.get("a"), Some(&json!({"rows": 3})));
     assert!(!inputs.outputs.contains_key("b"), "only succeeded outputs");

@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use flowforge_domain::limits::{self, Refusal, ValueKind};
 use flowforge_domain::{RunState, TaskRunState, TaskTransition, initial_task_run_state};
 use flowforge_ports::store::resolve_generic_transition;
 use flowforge_ports::{
@@ -139,6 +140,15 @@ impl RunStore for SqliteStore {
     type Notifier = SqliteNotifier;
 
     async fn start_run(&self, workflow: WorkflowId, input: Value) -> Result<RunId, store::Error> {
+        // SQLite could keep it, PostgreSQL cannot: both refuse it, so the
+        // two modes agree (docs/design/data-flow.md#limits).
+        if let Some(path) = limits::find_nul(&input) {
+            return Err(Refusal::Nul {
+                kind: ValueKind::RunInput,
+                path,
+            }
+            .into());
+        }
         let run = RunId(uuid::Uuid::now_v7());
         let key = run_key(run);
         let input =
@@ -263,9 +273,20 @@ impl RunStore for SqliteStore {
         }))
     }
 
-    async fn task_inputs(&self, run: RunId, keys: &[String]) -> Result<TaskInputs, store::Error> {
+    async fn task_inputs(&self, run: RunId, keys: &[String], limit: usize) -> Result<TaskInputs, store::Error> {
+        let too_large = |bytes: usize| {
+            store::Error::from(Refusal::TooLarge {
+                kind: ValueKind::TaskInputs,
+                bytes,
+                limit,
+            })
+        };
         let cached = lock(&self.inner.inputs).get(run, keys);
         if let Some((input, outputs)) = cached {
+            let bytes: usize = outputs.iter().map(|(_, text)| text.len()).sum();
+            if bytes > limit {
+                return Err(too_large(bytes));
+            }
             let mut map = Map::new();
             for (task, output) in outputs {
                 map.insert(task, json("task_run.result", &output)?);
@@ -281,20 +302,35 @@ impl RunStore for SqliteStore {
             .inner
             .read()
             .await?
-            .call(sql(TASK_INPUTS).bind(&key).bind(&wanted))
+            .call(
+                sql(TASK_INPUTS)
+                    .bind(&key)
+                    .bind(&wanted)
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX)),
+            )
             .await?;
         let mut input = None;
         let mut map = Map::new();
         let mut cache = lock(&self.inner.inputs);
         for row in &rows {
-            let value: String = col(row, 1)?;
-            if col::<i64>(row, 0)? == 0 {
-                input = Some(json("workflow_run.input", &value)?);
-                cache.input(run, &value);
-            } else {
-                let task: String = col(row, 2)?;
-                cache.output(run, &task, col(row, 3)?, &value);
-                map.insert(task, json("task_run.result", &value)?);
+            match col::<i64>(row, 0)? {
+                0 => {
+                    let value: String = col(row, 1)?;
+                    input = Some(json("workflow_run.input", &value)?);
+                    cache.input(run, &value);
+                }
+                2 => {
+                    let bytes = usize::try_from(col::<i64>(row, 3)?).unwrap_or(usize::MAX);
+                    if bytes > limit {
+                        return Err(too_large(bytes));
+                    }
+                }
+                _ => {
+                    let value: String = col(row, 1)?;
+                    let task: String = col(row, 2)?;
+                    cache.output(run, &task, col(row, 3)?, &value);
+                    map.insert(task, json("task_run.result", &value)?);
+                }
             }
         }
         drop(cache);
@@ -335,7 +371,7 @@ impl RunStore for SqliteStore {
         let offset = self.inner.offset();
         let base = |text: &'static str| sql(text).bind(offset).bind(id.0).bind(token).bind(worker.0.clone());
         let mut stored = None;
-        let (query, rests_in) = match outcome {
+        let (query, rests_in) = match outcome.storable() {
             TaskOutcome::Succeeded { output } => {
                 let output = serde_json::to_string(&output)
                     .map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;

@@ -355,12 +355,17 @@ pub(crate) const NEXT_DEADLINE: &str = concat!(
              SELECT MIN(lease_expires_at) FROM task_run WHERE state = 'running' AND (?2 IS NULL OR run_id IN (SELECT value FROM json_each(?2))))"
 );
 
-/// task_inputs: the run input and the dependencies' outputs in ONE
-/// statement, so both come from one snapshot without a transaction.
-pub(crate) const TASK_INPUTS: &str = "SELECT 0 AS tag, input AS v, NULL AS k, 0 AS o FROM workflow_run WHERE id = ?1 \
-     UNION ALL \
-     SELECT 1, result, task_key, id FROM task_run WHERE run_id = ?1 AND state = 'succeeded' \
-     AND result IS NOT NULL AND task_key IN (SELECT value FROM json_each(?2)) ORDER BY 1, 4";
+/// task_inputs: the run input, the total size of the dependencies'
+/// outputs (tag 2, `octet_length` reads no content) and, only when that
+/// total is within `?3` bytes, the outputs themselves — in ONE statement,
+/// so all come from one snapshot without a transaction.
+pub(crate) const TASK_INPUTS: &str = "WITH wanted AS MATERIALIZED (SELECT id, task_key, result FROM task_run \
+     WHERE run_id = ?1 AND state = 'succeeded' AND result IS NOT NULL \
+     AND task_key IN (SELECT value FROM json_each(?2))), \
+     total AS (SELECT coalesce(sum(octet_length(result)), 0) AS n FROM wanted) \
+     SELECT 0 AS tag, input AS v, NULL AS k, 0 AS o FROM workflow_run WHERE id = ?1 \
+     UNION ALL SELECT 2, NULL, NULL, n FROM total \
+     UNION ALL SELECT 1, result, task_key, id FROM wanted WHERE (SELECT n FROM total) <= ?3 ORDER BY 1, 4";
 
 /// get_run: run, task runs and history from one read transaction, in one call.
 pub(crate) const GET_RUN: &str = concat!(

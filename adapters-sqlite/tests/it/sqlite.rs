@@ -703,14 +703,17 @@ async fn task_inputs_agree_from_memory_and_from_the_database() {
         .await
         .expect("finish");
     let keys = ["a".to_owned()];
-    let remembered = store.task_inputs(run, &keys).await.expect("task_inputs");
+    let remembered = store.task_inputs(run, &keys, usize::MAX).await.expect("task_inputs");
     let fresh = open(&path).await;
-    let read = fresh.task_inputs(run, &keys).await.expect("task_inputs");
+    let read = fresh.task_inputs(run, &keys, usize::MAX).await.expect("task_inputs");
     assert_eq!(remembered, read);
     assert_eq!(read.outputs.get("a"), Some(&output));
     assert_eq!(read.run_input, json!({"in": 1}));
     // Its read is remembered too, and still agrees.
-    assert_eq!(fresh.task_inputs(run, &keys).await.expect("task_inputs"), read);
+    assert_eq!(
+        fresh.task_inputs(run, &keys, usize::MAX).await.expect("task_inputs"),
+        read
+    );
     // Both now answer from memory: an edit behind their backs (no writer
     // makes one: a succeeded output never changes) reaches only a store
     // with nothing in memory.
@@ -720,19 +723,28 @@ async fn task_inputs_agree_from_memory_and_from_the_database() {
         .execute(&mut conn)
         .await
         .expect("the edit");
-    assert_eq!(store.task_inputs(run, &keys).await.expect("task_inputs"), read);
-    assert_eq!(fresh.task_inputs(run, &keys).await.expect("task_inputs"), read);
+    assert_eq!(
+        store.task_inputs(run, &keys, usize::MAX).await.expect("task_inputs"),
+        read
+    );
+    assert_eq!(
+        fresh.task_inputs(run, &keys, usize::MAX).await.expect("task_inputs"),
+        read
+    );
     let third = open(&path).await;
     assert_eq!(
         third
-            .task_inputs(run, &keys)
+            .task_inputs(run, &keys, usize::MAX)
             .await
             .expect("task_inputs")
             .outputs
             .get("a"),
         Some(&json!({"edited": true}))
     );
-    let missing = store.task_inputs(run, &["b".to_owned()]).await.expect("task_inputs");
+    let missing = store
+        .task_inputs(run, &["b".to_owned()], usize::MAX)
+        .await
+        .expect("task_inputs");
     assert!(missing.outputs.is_empty(), "b has not succeeded");
 }
 

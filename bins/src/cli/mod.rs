@@ -90,6 +90,19 @@ pub(crate) struct Global {
     #[arg(long, global = true, env = "FLOWFORGE_PG_IDLE_IN_TRANSACTION_SECONDS", default_value_t = 20,
           value_name = "N", value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub(crate) pg_idle_in_transaction_seconds: u64,
+    /// The largest run input accepted, in bytes of compact JSON.
+    #[arg(long, global = true, env = "FLOWFORGE_MAX_RUN_INPUT_BYTES", value_name = "BYTES",
+          default_value_t = flowforge::limits::DEFAULT_RUN_INPUT_BYTES)]
+    pub(crate) max_run_input_bytes: usize,
+    /// The largest output one task may store, in bytes of compact JSON (a
+    /// `command` task's stdout is held to it while it is read).
+    #[arg(long, global = true, env = "FLOWFORGE_MAX_TASK_OUTPUT_BYTES", value_name = "BYTES",
+          default_value_t = flowforge::limits::DEFAULT_TASK_OUTPUT_BYTES)]
+    pub(crate) max_task_output_bytes: usize,
+    /// The largest sum of its dependencies' outputs one task may be given.
+    #[arg(long, global = true, env = "FLOWFORGE_MAX_TASK_INPUTS_BYTES", value_name = "BYTES",
+          default_value_t = flowforge::limits::DEFAULT_TASK_INPUTS_BYTES)]
+    pub(crate) max_task_inputs_bytes: usize,
     /// Log line format (logs go to stderr; `RUST_LOG` sets the level).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
@@ -99,6 +112,15 @@ impl Global {
     /// The lease as a duration.
     pub(crate) fn lease(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.lease_seconds)
+    }
+
+    /// The size limits (docs/design/data-flow.md#limits).
+    pub(crate) fn limits(&self) -> flowforge::Limits {
+        flowforge::Limits {
+            run_input_bytes: self.max_run_input_bytes,
+            task_output_bytes: self.max_task_output_bytes,
+            task_inputs_bytes: self.max_task_inputs_bytes,
+        }
     }
 
     /// The PostgreSQL pool's tuning

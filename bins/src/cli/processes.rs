@@ -130,6 +130,7 @@ async fn serve_worker<S: Store>(
         BuiltinOptions {
             allow_command: args.allow_command,
             base_dir: std::env::current_dir()?,
+            output_limit: global.max_task_output_bytes,
             ..BuiltinOptions::default()
         },
     );
@@ -140,6 +141,7 @@ async fn serve_worker<S: Store>(
     );
     let mut config = WorkerConfig::new(id.clone(), concurrency);
     config.lease = global.lease();
+    config.limits = global.limits();
     config.max_task_timeout = Some(max_task_timeout);
     let registration = WorkerRegistration {
         id,

@@ -70,6 +70,7 @@ async fn drive<S: Store>(
     let mut builder = Embedded::builder()
         .base_dir(base_dir)
         .lease(global.lease())
+        .limits(global.limits())
         .worker_id(WorkerId(format!("{}:{}", host(), std::process::id())))
         .observer(progress.clone());
     if let Some(n) = args.concurrency {

@@ -55,16 +55,17 @@ pub(crate) async fn run(global: &Global, args: &Args) -> anyhow::Result<Exit> {
         );
         return Ok(Exit::Invalid);
     }
-    with_store!(global, |store| submit(store, args, &def, input).await)
+    with_store!(global, |store| submit(store, global.limits(), args, &def, input).await)
 }
 
 async fn submit<S: Store>(
     store: S,
+    limits: flowforge::Limits,
     args: &Args,
     def: &flowforge_domain::WorkflowDefinition,
     input: serde_json::Value,
 ) -> anyhow::Result<Exit> {
-    let service = Service::new(store);
+    let service = Service::new(store).with_limits(limits);
     let published = match service.publish(def, &TaskTypes::LiveWorkers).await {
         Ok(p) => p,
         Err(e) => return Ok(fail(&e)),

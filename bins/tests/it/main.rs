@@ -3,7 +3,8 @@
 //! tests of the `flowforge` binary, a module per command — they run the
 //! real executable in the workspace root, so file names in the output are
 //! the relative paths a user would type (`examples/etl.json`), except
-//! `run`, whose tests each get a fresh working folder — `scenarios`, the
+//! `run` and `poison` (bad values and size limits, on both stores), whose
+//! tests each get a fresh working folder — `scenarios`, the
 //! engine's behaviour driven through the embedding API, and `distributed`,
 //! the distributed mode against real PostgreSQL and RabbitMQ (in process
 //! and as separate `flowforge` processes).
@@ -11,6 +12,7 @@
 mod distributed;
 mod examples;
 mod graph;
+mod poison;
 mod run;
 mod scenarios;
 mod secrets;

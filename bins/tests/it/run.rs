@@ -20,25 +20,25 @@ use serde_json::{Value, json};
 
 use crate::{Outcome, assert_schema_valid, root};
 
-const SCHEMA: &str = "run-report.schema.json";
+pub(crate) const SCHEMA: &str = "run-report.schema.json";
 
 /// How long a child process may take before the test gives up on it.
 const PATIENCE: Duration = Duration::from_secs(120);
 
 /// A fresh working folder: `flowforge` runs in it, so the default
 /// `sqlite://.flowforge/flowforge.db` is created there.
-struct Workdir {
+pub(crate) struct Workdir {
     dir: tempfile::TempDir,
 }
 
 impl Workdir {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::create_dir(dir.path().join("tmp")).expect("tmp folder");
         Self { dir }
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.dir.path()
     }
 
@@ -48,7 +48,7 @@ impl Workdir {
     }
 
     /// Writes a definition (or any JSON) file; returns its absolute path.
-    fn json(&self, name: &str, value: &Value) -> PathBuf {
+    pub(crate) fn json(&self, name: &str, value: &Value) -> PathBuf {
         let path = self.path().join(name);
         std::fs::write(&path, serde_json::to_vec_pretty(value).expect("serialise")).expect("write");
         path
@@ -81,7 +81,7 @@ impl Workdir {
         cmd
     }
 
-    fn run<I, S>(&self, args: I) -> Outcome
+    pub(crate) fn run<I, S>(&self, args: I) -> Outcome
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
@@ -116,7 +116,7 @@ fn run_example(name: &str) -> (Workdir, Outcome, Value) {
 /// What the schema cannot say: a cancel reason exactly on cancelled tasks
 /// (docs/design/cancellation.md#transitive-cancellation) and an output exactly
 /// on succeeded ones.
-fn check_report_consistency(report: &Value) {
+pub(crate) fn check_report_consistency(report: &Value) {
     for task in report["tasks"].as_array().expect("tasks") {
         assert_eq!(
             task["state"] == "cancelled",
@@ -148,7 +148,7 @@ fn topological_order(w: &Workdir, file: &Path) -> Vec<String> {
         .collect()
 }
 
-fn task<'r>(report: &'r Value, key: &str) -> &'r Value {
+pub(crate) fn task<'r>(report: &'r Value, key: &str) -> &'r Value {
     report["tasks"]
         .as_array()
         .expect("tasks")

@@ -96,6 +96,10 @@ macro_rules! store_contract_tests {
             worker_registry_tracks_workers_and_live_task_types,
             the_event_history_records_every_transition,
             wide_runs_are_written_in_batches,
+            start_run_refuses_an_input_holding_nul,
+            an_unstorable_outcome_is_stored_as_the_domain_says,
+            task_inputs_past_their_limit_are_refused,
+            stale_write_audits_are_capped_per_task_run,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
@@ -117,6 +121,7 @@ mod claims;
 mod definitions;
 mod finishing;
 mod generic;
+mod limits;
 mod outbox;
 mod pass;
 mod queries;
@@ -127,6 +132,7 @@ pub use claims::*;
 pub use definitions::*;
 pub use finishing::*;
 pub use generic::*;
+pub use limits::*;
 pub use outbox::*;
 pub use pass::*;
 pub use queries::*;

@@ -289,7 +289,7 @@ pub async fn compensators_are_created_once_and_dispatched<F: StoreFactory>(facto
     assert_eq!((d[0].task_type.as_str(), d[0].fencing_token), ("undo", undo.token));
     let c = claim(&s, run, "undo_a", "w", LONG).await;
     assert_eq!(c.compensate_for.as_deref(), Some("a"));
-    let inputs = s.task_inputs(run, &["a".into()]).await.expect("inputs");
+    let inputs = s.task_inputs(run, &["a".into()], usize::MAX).await.expect("inputs");
     assert_eq!(inputs.outputs.get("a"), Some(&json!({"made": "x"})));
     finish(&s, &c, "w", succeeded(json!({}))).await;
     let mut p = pass(&s, run).await;

@@ -77,14 +77,14 @@ pub async fn task_inputs_read_the_run_input_and_outputs<F: StoreFactory>(factory
     let b = claim(&s, run, "b", "w", LONG).await;
     finish(&s, &b, "w", succeeded(json!(["b", 2]))).await;
     let inputs = s
-        .task_inputs(run, &["a".into(), "b".into(), "d".into()])
+        .task_inputs(run, &["a".into(), "b".into(), "d".into()], usize::MAX)
         .await
         .expect("task_inputs");
     assert_eq!(inputs.run_input, json!({"day": 3}));
     assert_eq!(inputs.outputs.len(), 2, "d has no output");
     assert_eq!(inputs.outputs.get("a"), Some(&json!({"from": "a"})));
     assert_eq!(inputs.outputs.get("b"), Some(&json!(["b", 2])));
-    let none = s.task_inputs(run, &[]).await.expect("task_inputs");
+    let none = s.task_inputs(run, &[], usize::MAX).await.expect("task_inputs");
     assert!(none.outputs.is_empty());
     assert_eq!(none.run_input, json!({"day": 3}));
 }

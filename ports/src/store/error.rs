@@ -1,11 +1,17 @@
 //! What a store call can fail with, and the generic transition path's
 //! check that runs before any I/O.
 
+use flowforge_domain::limits::Refusal;
 use flowforge_domain::{TaskRunState, TaskTransition, task_machine};
 
-/// A failure of the store itself (not of the caller).
+/// A failure of a store call: of the store itself, or a value it refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
+    /// The caller's value cannot be stored or breaks a size limit
+    /// (docs/design/data-flow.md#limits); nothing was written. Not
+    /// transient: the same value is refused again.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
     /// The database cannot be reached, or the pool timed out.
     #[error("store unavailable: {0}")]
     Unavailable(String),

@@ -93,6 +93,10 @@ pub trait RunStore: Send + Sync + 'static {
     /// created ready
     /// (docs/design/outbox-and-queues.md#one-outbox-row-per-readiness). Wakes
     /// the publisher.
+    ///
+    /// Contract: an input holding U+0000 MUST be refused with
+    /// [`Error::Refused`] naming where, before anything is written (sizes
+    /// are the caller's policy, checked before this call).
     fn start_run(&self, workflow: WorkflowId, input: Value) -> impl Future<Output = Result<RunId, Error>> + Send;
 
     /// Requests cancellation (docs/design/cancellation.md#cancel-requests):
@@ -122,7 +126,18 @@ pub trait RunStore: Send + Sync + 'static {
 
     /// Reads what an attempt needs: the run input and the outputs of the
     /// task's dependencies (for a compensator: of the task it undoes).
-    fn task_inputs(&self, run: RunId, keys: &[String]) -> impl Future<Output = Result<TaskInputs, Error>> + Send;
+    ///
+    /// Contract: when the outputs of `keys` add up to more than `limit`
+    /// bytes (of their compact JSON text), MUST return [`Error::Refused`]
+    /// with [`Refusal::TooLarge`](flowforge_domain::limits::Refusal) of
+    /// kind `TaskInputs`, having measured them without reading them into
+    /// memory (docs/design/data-flow.md#limits).
+    fn task_inputs(
+        &self,
+        run: RunId,
+        keys: &[String],
+        limit: usize,
+    ) -> impl Future<Output = Result<TaskInputs, Error>> + Send;
 
     /// Extends the lease to store now + `lease` if `token` still holds it.
     /// `cancel_requested` is reported for forward tasks only: a running
@@ -139,9 +154,14 @@ pub trait RunStore: Send + Sync + 'static {
     /// transaction) or `cancel_running`. Clears the lease; wakes the
     /// scheduler.
     ///
-    /// Contract: a token that no longer matches changes nothing and returns
+    /// Contract: the outcome is stored as [`TaskOutcome::storable`] makes
+    /// it (an output holding U+0000 is stored as a permanent failure). A
+    /// token that no longer matches changes nothing and returns
     /// [`FinishResult::Stale`] after writing a `stale_write_rejected` audit
-    /// event with the presented token.
+    /// event with the presented token — at most
+    /// [`MAX_STALE_AUDITS_PER_TASK_RUN`](flowforge_domain::limits::MAX_STALE_AUDITS_PER_TASK_RUN)
+    /// of them per task run; past that the write is still refused, only
+    /// not recorded.
     fn finish_task_run(
         &self,
         id: TaskRunId,

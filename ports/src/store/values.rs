@@ -6,6 +6,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use flowforge_domain::limits::{self, Refusal, ValueKind};
 use flowforge_domain::{CancelReason, RunState, TaskRunState, TaskTransition, WorkflowDefinition};
 use serde_json::{Map, Value};
 
@@ -140,6 +141,37 @@ pub enum TaskOutcome {
     },
     /// `cancel_running` (reason `user`): the worker stopped on a cancel request.
     Cancelled,
+}
+
+impl TaskOutcome {
+    /// The outcome as every store keeps it
+    /// (docs/design/data-flow.md#limits): an output holding U+0000 becomes
+    /// a permanent failure naming where, and U+0000 in an error's text is
+    /// replaced. Both stores apply it before writing; a worker applies it
+    /// first too, so what it reports is what is stored.
+    pub fn storable(self) -> Self {
+        match self {
+            Self::Succeeded { output } => match limits::find_nul(&output) {
+                None => Self::Succeeded { output },
+                Some(path) => Self::Failed {
+                    error: Refusal::Nul {
+                        kind: ValueKind::TaskOutput,
+                        path,
+                    }
+                    .to_string(),
+                    retry_in: None,
+                },
+            },
+            Self::Failed { error, retry_in } => Self::Failed {
+                error: match limits::storable_text(&error) {
+                    std::borrow::Cow::Borrowed(_) => error,
+                    std::borrow::Cow::Owned(text) => text,
+                },
+                retry_in,
+            },
+            Self::Cancelled => Self::Cancelled,
+        }
+    }
 }
 
 /// The result of presenting an outcome.

@@ -138,7 +138,8 @@ async fn an_output_over_the_size_limit_is_a_permanent_failed_attempt() {
     assert_eq!(huge.output, None, "nothing of the output is stored");
     let error = huge.error.as_deref().expect("an error");
     assert!(
-        error.starts_with("output is 20971") && error.ends_with("bytes; the limit is 1048576 bytes"),
+        error.starts_with("the task's output is 20971")
+            && error.ends_with("bytes of JSON; the limit (max_task_output_bytes) is 1048576 bytes"),
         "{error}"
     );
     assert_eq!(transitions(&d, "huge"), ["claim", "fail"]);
