@@ -30,10 +30,14 @@ COPY adapters-rabbit adapters-rabbit
 COPY adapters-inproc adapters-inproc
 COPY app app
 COPY bins bins
-# xtask is a member, so cargo needs its manifest, but the binary does not
-# use it: an empty main stands in for its code, which changes often.
+# xtask and testkit (test support) are members, so cargo needs their
+# manifests, but the binary uses neither: an empty main and an empty
+# library stand in for their code, which changes often.
 COPY xtask/Cargo.toml xtask/Cargo.toml
-RUN mkdir xtask/src && echo '//! Stand-in.' > xtask/src/main.rs && echo 'fn main() {}' >> xtask/src/main.rs
+COPY testkit/Cargo.toml testkit/Cargo.toml
+RUN mkdir xtask/src testkit/src \
+    && printf '//! Stand-in.\nfn main() {}\n' > xtask/src/main.rs \
+    && printf '//! Stand-in.\n' > testkit/src/lib.rs
 RUN cargo build --release --locked -p flowforge-bins --bin flowforge \
     && cp target/release/flowforge /usr/local/bin/flowforge
 

@@ -37,6 +37,11 @@ const STORE_TROUBLE_PAUSE: Duration = Duration::from_secs(1);
 /// of straight back to this one.
 const NOT_SERVED_PAUSE: Duration = Duration::from_millis(200);
 
+/// The first pause before storing an outcome again after the store was
+/// unreachable; it doubles up to [`FINISH_RETRY_MAX_PAUSE`].
+const FINISH_RETRY_FIRST_PAUSE: Duration = Duration::from_millis(200);
+const FINISH_RETRY_MAX_PAUSE: Duration = Duration::from_secs(2);
+
 /// Tuning of a worker.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -344,11 +349,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 .record("attempt", claim.attempt)
                 .record("token", claim.token);
             let (outcome, event) = self.attempt(&claim, asked).await;
-            match self
-                .store
-                .finish_task_run(claim.task_run_id, claim.token, &self.config.id, outcome)
-                .await
-            {
+            match self.finish(&claim, outcome).await {
                 Ok(result) => {
                     self.report(result, event);
                     delivery.ack().await?;
@@ -366,6 +367,31 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
         }
         .instrument(span)
         .await
+    }
+
+    /// Stores the outcome, retrying while the store is unreachable for up
+    /// to one lease: a database restarting under a finished attempt must
+    /// not cost the work, which a requeue would (the redelivery finds the
+    /// row still running, so the task waits for the reaper and runs
+    /// again). Retrying is safe at any time, since the token decides: once
+    /// the lease has been reaped, the finish is `Stale`.
+    async fn finish(&self, claim: &Claim, outcome: TaskOutcome) -> Result<FinishResult, store::Error> {
+        let started = Instant::now();
+        let mut pause = FINISH_RETRY_FIRST_PAUSE;
+        loop {
+            match self
+                .store
+                .finish_task_run(claim.task_run_id, claim.token, &self.config.id, outcome.clone())
+                .await
+            {
+                Err(e) if e.is_transient() && started.elapsed() + pause < self.config.lease => {
+                    tracing::warn!(error = %e, retry_in = ?pause, "storing the outcome failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(FINISH_RETRY_MAX_PAUSE);
+                }
+                other => return other,
+            }
+        }
     }
 
     fn report(&self, result: FinishResult, event: TaskEvent) {

@@ -1,7 +1,15 @@
 //! The containers tests run their services in: one per service and test
-//! binary, shared by its tests and left running until the next binary
-//! sweeps it away, and [`Dedicated`] ones a test owns and may stop, pause
-//! or restart (removed when dropped).
+//! run, shared by its tests and left running until a later run sweeps it
+//! away, and [`Dedicated`] ones a test owns and may stop, pause or restart
+//! (removed when dropped).
+//!
+//! A test run is the process that started the test binaries — `cargo
+//! test`, or `cargo nextest`, which runs every test in a process of its
+//! own — so its binaries and test processes share one container per
+//! service instead of starting one each. A file lock makes the first
+//! process start it and the others wait and reuse it; the container is
+//! labelled with the run's pid, and removed by the first test process that
+//! finds that pid gone.
 
 use std::net::{TcpListener, TcpStream};
 use std::process::Command;
@@ -15,9 +23,12 @@ use testcontainers::{ContainerAsync, ContainerRequest, GenericImage, ImageExt};
 use crate::notice;
 
 /// Every container this crate starts carries this label, and the pid of
-/// the test process that started it under [`PID_LABEL`].
+/// the test run that started it (see [`run_pid`]) under [`PID_LABEL`].
 const LABEL: &str = "flowforge.testkit";
 const PID_LABEL: &str = "flowforge.testkit.pid";
+/// A run's shared container of a service carries the service's name under
+/// this label ([`Dedicated`] ones do not).
+const SHARED_LABEL: &str = "flowforge.testkit.shared";
 
 /// How long a container may take to start or come back.
 const STARTUP: Duration = Duration::from_secs(180);
@@ -70,6 +81,14 @@ impl Service {
         }
     }
 
+    /// The value of [`SHARED_LABEL`] on this service's shared container.
+    fn label(self) -> &'static str {
+        match self {
+            Self::Postgres => "postgres",
+            Self::Rabbitmq => "rabbitmq",
+        }
+    }
+
     /// The container to start, published on `host_port` (a free one the
     /// daemon picks when `None`).
     fn request(self, host_port: Option<u16>) -> ContainerRequest<GenericImage> {
@@ -78,13 +97,20 @@ impl Service {
             .with_exposed_port(self.port().tcp())
             .with_wait_for(self.ready())
             .with_label(LABEL, "1")
-            .with_label(PID_LABEL, std::process::id().to_string())
+            .with_label(PID_LABEL, run_pid().to_string())
             .with_startup_timeout(STARTUP);
         match host_port {
             Some(port) => request.with_mapped_port(port, self.port().tcp()),
-            None => request,
+            None => request.with_label(SHARED_LABEL, self.label()),
         }
     }
+}
+
+/// The pid of the test run this process belongs to: the process that
+/// started it (`cargo test`, `cargo nextest`, or a shell running a test
+/// binary by hand), alive for as long as the run is.
+fn run_pid() -> u32 {
+    std::os::unix::process::parent_id()
 }
 
 /// Starts the container of `service`, returning it and its host port.
@@ -112,12 +138,67 @@ async fn start(service: Service, host_port: Option<u16>) -> Result<(ContainerAsy
     Ok((container, port))
 }
 
-/// The URL of this test binary's shared container of `service`, started
-/// on first use. The container lives as long as the process: a thread of
-/// its own keeps it, and the next test binary removes it (see
-/// [`sweep_orphans`]).
+/// The URL of this test run's shared container of `service`: the one
+/// another process of the run started, or one this process starts, under a
+/// file lock so that only one is. It outlives the process (a thread of its
+/// own keeps it while the process lives) and is removed by a later
+/// [`sweep_orphans`] once the run has ended.
 pub(crate) fn shared(service: Service) -> Result<String, String> {
     sweep_orphans();
+    let lock_path = std::env::temp_dir().join(format!("flowforge-testkit-{}-{}.lock", run_pid(), service.label()));
+    let lock = std::fs::File::create(&lock_path).map_err(|e| format!("the lock file {}: {e}", lock_path.display()))?;
+    lock.lock().map_err(|e| format!("lock {}: {e}", lock_path.display()))?;
+    if let Some((id, port)) = running_shared(service) {
+        notice(&format!(
+            "testkit: using this run's {} in container {id} at 127.0.0.1:{port}",
+            service.name()
+        ));
+        return Ok(service.url(port));
+    }
+    // The lock is held until the container takes clients: dropping it
+    // (at return) lets the next process find it.
+    start_shared(service)
+}
+
+/// The id and host port of this run's shared container of `service`, if
+/// one is running.
+fn running_shared(service: Service) -> Option<(String, u16)> {
+    let listed = Command::new("docker")
+        .args([
+            "ps",
+            "--filter",
+            &format!("label={PID_LABEL}={}", run_pid()),
+            "--filter",
+            &format!("label={SHARED_LABEL}={}", service.label()),
+            "--format",
+            "{{.ID}}",
+        ])
+        .output()
+        .ok()?;
+    let id = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .next()?
+        .trim()
+        .to_owned();
+    let ports = Command::new("docker")
+        .args(["port", &id, &format!("{}/tcp", service.port())])
+        .output()
+        .ok()?;
+    // `0.0.0.0:32768` (and `[::]:32768`): the port after the last colon.
+    let port = String::from_utf8_lossy(&ports.stdout)
+        .lines()
+        .next()?
+        .rsplit_once(':')?
+        .1
+        .trim()
+        .parse()
+        .ok()?;
+    Some((id, port))
+}
+
+/// Starts this run's shared container of `service`, held by a thread for
+/// the rest of the process.
+fn start_shared(service: Service) -> Result<String, String> {
     let (sender, receiver) = mpsc::channel();
     let thread = std::thread::Builder::new()
         .name(format!("testkit-{}", service.name()))
@@ -134,7 +215,8 @@ pub(crate) fn shared(service: Service) -> Result<String, String> {
                     Ok((container, port)) => {
                         let _ = sender.send(Ok(service.url(port)));
                         // Holds the container (and its runtime) for the
-                        // rest of the process.
+                        // rest of the process; nothing runs at a process's
+                        // exit, so the container outlives it.
                         std::future::pending::<()>().await;
                         drop(container);
                     }
@@ -152,8 +234,8 @@ pub(crate) fn shared(service: Service) -> Result<String, String> {
         .map_err(|_| format!("the {} container did not start in time", service.name()))?
 }
 
-/// Removes the containers of test processes that have ended: a shared
-/// container outlives its process, as nothing runs at a test binary's exit.
+/// Removes the containers of test runs that have ended: a shared
+/// container outlives its processes, as nothing runs at a process's exit.
 fn sweep_orphans() {
     let Ok(listed) = Command::new("docker")
         .args([
@@ -181,6 +263,21 @@ fn sweep_orphans() {
             .args(["rm", "--force", "--volumes"])
             .args(&orphans)
             .output();
+    }
+    // The lock files of ended runs too.
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let ended = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("flowforge-testkit-"))
+            .and_then(|rest| rest.split_once('-'))
+            .is_some_and(|(pid, _)| !std::path::Path::new(&format!("/proc/{pid}")).exists());
+        if ended {
+            let _ = std::fs::remove_file(entry.path());
+        }
     }
 }
 

@@ -11,6 +11,10 @@
 //!    cargo-nextest is installed (then the doc tests, which nextest does
 //!    not run), else `cargo test --workspace --all-features`; both with
 //!    `--no-fail-fast`, so one run shows every failing test
+//! 7. the test containers: names the PostgreSQL and RabbitMQ containers
+//!    the tests started through flowforge-testkit (when `DATABASE_URL` /
+//!    `AMQP_URL` are unset), which nextest's captured output would hide,
+//!    and removes them
 //!
 //! Each step prints its duration; the first failing step stops the run,
 //! and the error names it.
@@ -98,7 +102,57 @@ fn steps(nextest: bool) -> Vec<Step> {
             &["test", "--workspace", "--all-features", "--no-fail-fast"],
         ));
     }
+    steps.push(Step {
+        name: "test containers",
+        action: Action::InProcess(test_containers),
+    });
     steps
+}
+
+/// Lists and removes the containers of test runs that have ended (their
+/// `flowforge.testkit.pid` process is gone): the ones the tests just used.
+fn test_containers() -> Result<()> {
+    let listed = Command::new("docker")
+        .args([
+            "ps",
+            "--all",
+            "--filter",
+            "label=flowforge.testkit",
+            "--format",
+            "{{.ID}} {{.Image}} {{.Label \"flowforge.testkit.pid\"}}",
+        ])
+        .output();
+    let Ok(listed) = listed.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()) else {
+        println!("no Docker: the tests used the services at DATABASE_URL / AMQP_URL");
+        return Ok(());
+    };
+    let ended: Vec<(&str, &str)> = listed
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (id, image, pid) = (fields.next()?, fields.next()?, fields.next()?);
+            let alive = std::path::Path::new("/proc").join(pid).exists();
+            (!alive).then_some((id, image))
+        })
+        .collect();
+    if ended.is_empty() {
+        println!("the tests started no containers: they used the services at DATABASE_URL / AMQP_URL");
+        return Ok(());
+    }
+    for (id, image) in &ended {
+        println!("testkit: the tests ran {image} in container {id}; removing it");
+    }
+    let removed = Command::new("docker")
+        .args(["rm", "--force", "--volumes"])
+        .args(ended.iter().map(|(id, _)| id))
+        .output()?;
+    if !removed.status.success() {
+        bail!(
+            "could not remove the test containers: {}",
+            String::from_utf8_lossy(&removed.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 /// `cargo xtask ci`.
@@ -212,7 +266,8 @@ mod tests {
                 "check-deps",
                 "deny (workspace)",
                 "deny (domain)",
-                "tests"
+                "tests",
+                "test containers"
             ]
         );
         assert_eq!(
@@ -224,7 +279,8 @@ mod tests {
                 "deny (workspace)",
                 "deny (domain)",
                 "tests (nextest)",
-                "doc tests"
+                "doc tests",
+                "test containers"
             ]
         );
     }

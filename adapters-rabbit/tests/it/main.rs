@@ -1,10 +1,11 @@
 //! Integration tests of the RabbitMQ adapter against a real broker: the one
-//! at `AMQP_URL`, else `amqp://guest:guest@127.0.0.1:5672/%2f` when it
-//! accepts connections. Without a broker every test prints a notice and
-//! passes, unless `REQUIRE_RABBITMQ=1`, which makes an absent broker a
-//! failure. Each test declares its own randomly named exchange and queue
-//! and deletes them at the end; the outage tests cut only their own
-//! connections, through a TCP proxy of their own.
+//! at `AMQP_URL`, else this binary's container (flowforge-testkit). Without
+//! either every test prints a notice and passes, unless
+//! `REQUIRE_RABBITMQ=1`, which makes an absent broker a failure. Each test
+//! declares its own randomly named exchange and queue and deletes them at
+//! the end; the outage tests cut only their own connections, through a TCP
+//! proxy of their own (flowforge-testkit's), and the restart test restarts
+//! a broker container of its own.
 
 // Clippy allows unwrap in test functions but not in their helpers; in a
 // test binary a panic is how any helper reports failure.
@@ -14,6 +15,6 @@
 mod support;
 mod consume;
 mod outage;
-mod proxy;
 mod publish;
+mod restart;
 mod topology;

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use flowforge_adapters_rabbit::{RabbitPublisher, RabbitQueue};
 use flowforge_ports::{Delivery as _, DispatchConsumer as _, DispatchPublisher as _, DispatchQueue as _, queue};
 
-use crate::proxy::{Mode, Proxy};
-use crate::support::{Fixture, broker_address, dispatch, url_via, within};
+use crate::support::{Fixture, broker_address, dispatch, within};
+use flowforge_testkit::{Mode, Proxy, amqp_url_via};
 
 /// A local port nothing listens on.
 fn closed_port() -> u16 {
@@ -32,7 +32,7 @@ fn ids(dispatches: &[flowforge_ports::Dispatch]) -> BTreeSet<i64> {
 async fn an_unreachable_broker_is_unavailable_at_once() {
     let url = broker_or_skip!();
     let fx = Fixture::new(&url, "unreachable").await;
-    let nowhere = url_via(&url, closed_port());
+    let nowhere = amqp_url_via(&url, closed_port());
     let publisher = RabbitPublisher::new(fx.config_for(&nowhere)).unwrap();
     let queue = RabbitQueue::new(fx.config_for(&nowhere)).unwrap();
 
@@ -62,7 +62,7 @@ async fn publishing_fails_fast_while_the_connection_is_cut_and_resumes_when_rest
     let fx = Fixture::new(&url, "cut").await;
     RabbitQueue::new(fx.config()).unwrap().declare().await.unwrap();
     let proxy = Proxy::start(broker_address(&url)).await;
-    let publisher = RabbitPublisher::new(fx.config_for(&url_via(&url, proxy.port()))).unwrap();
+    let publisher = RabbitPublisher::new(fx.config_for(&amqp_url_via(&url, proxy.port()))).unwrap();
     assert_eq!(publisher.publish(&[dispatch(1)]).await, vec![Ok(())]);
 
     proxy.set(Mode::Cut);
@@ -93,7 +93,7 @@ async fn a_stalled_broker_times_out_the_confirms_and_publishing_resumes() {
     let fx = Fixture::new(&url, "stall").await;
     RabbitQueue::new(fx.config()).unwrap().declare().await.unwrap();
     let proxy = Proxy::start(broker_address(&url)).await;
-    let publisher = RabbitPublisher::new(fx.config_for(&url_via(&url, proxy.port()))).unwrap();
+    let publisher = RabbitPublisher::new(fx.config_for(&amqp_url_via(&url, proxy.port()))).unwrap();
     assert_eq!(publisher.publish(&[dispatch(1)]).await, vec![Ok(())]);
 
     proxy.set(Mode::Stall);
@@ -142,7 +142,7 @@ async fn a_cut_consumer_fails_its_ack_and_a_new_consumer_gets_the_redelivery() {
         vec![Ok(())]
     );
     let proxy = Proxy::start(broker_address(&url)).await;
-    let queue = RabbitQueue::new(fx.config_for(&url_via(&url, proxy.port()))).unwrap();
+    let queue = RabbitQueue::new(fx.config_for(&amqp_url_via(&url, proxy.port()))).unwrap();
     let mut consumer = queue.consumer().await.unwrap();
     let delivery = within(10, "the delivery", consumer.next()).await.unwrap().unwrap();
     assert_eq!(delivery.dispatch(), &dispatch(1));

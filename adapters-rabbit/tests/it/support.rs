@@ -1,9 +1,8 @@
-//! Finding the broker, naming each test's exchange and queue, and raw lapin
-//! access to inspect what the adapter did.
+//! Finding the broker (flowforge-testkit), naming each test's exchange and
+//! queue, and raw lapin access to inspect what the adapter did.
 
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::str::FromStr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flowforge_adapters_rabbit::RabbitConfig;
@@ -14,70 +13,22 @@ use lapin::options::{
     QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
-const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-
-/// The broker to test against, or `None` (after a notice) to skip.
-pub(crate) fn broker_url() -> Option<String> {
-    static URL: OnceLock<Option<String>> = OnceLock::new();
-    URL.get_or_init(|| {
-        if let Some(url) = std::env::var("AMQP_URL").ok().filter(|url| !url.is_empty()) {
-            return Some(url);
-        }
-        let required = std::env::var("REQUIRE_RABBITMQ").is_ok_and(|value| value == "1");
-        let address = SocketAddr::from(([127, 0, 0, 1], 5672));
-        if TcpStream::connect_timeout(&address, Duration::from_secs(2)).is_ok() {
-            return Some(DEFAULT_URL.to_owned());
-        }
-        assert!(
-            !required,
-            "REQUIRE_RABBITMQ=1 but AMQP_URL is unset and nothing accepts connections at {address}"
-        );
-        None
-    })
-    .clone()
-}
-
-/// The broker's URL, or return from the test after a notice.
+/// The broker's URL, or return from the test (flowforge-testkit has said
+/// why, or panicked under `REQUIRE_RABBITMQ=1`).
 macro_rules! broker_or_skip {
     () => {
-        match crate::support::broker_url() {
+        match flowforge_testkit::amqp_url() {
             Some(url) => url,
-            None => {
-                eprintln!("SKIPPED: no RabbitMQ (set AMQP_URL, or REQUIRE_RABBITMQ=1 to fail instead)");
-                return;
-            }
+            None => return,
         }
     };
 }
 
 /// The broker's address, for the proxy.
 pub(crate) fn broker_address(url: &str) -> SocketAddr {
-    let uri = AMQPUri::from_str(url).unwrap();
-    // The URI parser turns an IP host into "localhost"; the adapter
-    // corrects that, and so must the tests.
-    let host = url
-        .split_once("://")
-        .and_then(|(_, rest)| rest.split(['/', '?']).next())
-        .map(|authority| authority.rsplit_once('@').map_or(authority, |(_, hp)| hp))
-        .and_then(|host_port| host_port.split(':').next())
-        .unwrap_or("localhost")
-        .to_owned();
-    (host.as_str(), uri.authority.port)
-        .to_socket_addrs()
-        .unwrap()
-        .next()
-        .unwrap()
-}
-
-/// `url` pointed at `127.0.0.1:port` instead of the broker.
-pub(crate) fn url_via(url: &str, port: u16) -> String {
-    let mut uri = AMQPUri::from_str(url).unwrap();
-    uri.authority.host = "127.0.0.1".to_owned();
-    uri.authority.port = port;
-    uri.to_string()
+    flowforge_testkit::broker_address(url).unwrap_or_else(|| panic!("no address for the broker at {url}"))
 }
 
 /// A test's dispatch number `n`.

@@ -51,28 +51,39 @@ impl Cluster {
     /// (after a notice) when a service is absent.
     pub(crate) async fn empty(test: &str) -> Option<Self> {
         let (postgres, amqp) = both_services()?;
-        let db = TestDb::empty(&postgres).await;
-        let broker = Broker::for_processes(&amqp, test).await;
+        Some(Self::on(&postgres, &amqp, test).await)
+    }
+
+    /// A cluster over a fresh, empty database on the server at `postgres`
+    /// and a fresh queue on the broker at `amqp` (a test's own containers).
+    pub(crate) async fn on(postgres: &str, amqp: &str, test: &str) -> Self {
+        let db = TestDb::empty(postgres).await;
+        let broker = Broker::for_processes(amqp, test).await;
         let dir = tempfile::Builder::new()
             .prefix(&format!("ff-it-{test}-"))
             .tempdir()
             .expect("a temp folder");
         std::fs::create_dir(dir.path().join("tmp")).expect("a tmp folder");
-        Some(Self {
+        Self {
             procs: Vec::new(),
             broker,
             db,
-            amqp_url: amqp,
+            amqp_url: amqp.to_owned(),
             dir,
-        })
+        }
     }
 
     /// A cluster whose database `flowforge migrate` has migrated.
     pub(crate) async fn migrated(test: &str) -> Option<Self> {
         let cluster = Self::empty(test).await?;
-        let out = cluster.run(["migrate"]).await;
-        assert_eq!(out.code, 0, "flowforge migrate: {out:?}");
+        cluster.migrate().await;
         Some(cluster)
+    }
+
+    /// Runs `flowforge migrate` on the cluster's database.
+    pub(crate) async fn migrate(&self) {
+        let out = self.run(["migrate"]).await;
+        assert_eq!(out.code, 0, "flowforge migrate: {out:?}");
     }
 
     /// The temp folder the processes run in.

@@ -22,8 +22,8 @@ use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 
 use super::cluster::{Cluster, worker_pid};
-use super::proxy::{Mode, Proxy};
 use super::{amqp_url_via, broker_address, detail, eventually, running_on, served, settled, task, transitions};
+use flowforge_testkit::{Mode, Proxy};
 
 /// A `command` task that waits for the file `gate` to exist, then prints
 /// the pid of the worker running it and its attempt as its output.

@@ -1,36 +1,33 @@
 //! The distributed mode against the real services (issue 5; issue 4's
-//! PostgreSQL runs): PostgreSQL at `DATABASE_URL` (default
-//! `postgres://postgres@127.0.0.1:5432/postgres`) and RabbitMQ at
-//! `AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`). A service
-//! that does not answer skips the tests that need it, with a notice,
-//! unless `REQUIRE_POSTGRES=1` / `REQUIRE_RABBITMQ=1` makes that a failure.
+//! PostgreSQL runs): PostgreSQL at `DATABASE_URL` and RabbitMQ at
+//! `AMQP_URL`, else this binary's containers (flowforge-testkit). A service
+//! that is neither skips the tests that need it, with a notice, unless
+//! `REQUIRE_POSTGRES=1` / `REQUIRE_RABBITMQ=1` makes that a failure.
 //!
 //! Every test gets its own database (`ff_it_<random>`, migrated, dropped
 //! `WITH (FORCE)` when the test ends, even on failure) and its own queue
 //! (and, at the app level, its own exchange), deleted at the end. Outages
-//! go through a TCP proxy of the test's own: no test stops, restarts or
-//! disturbs the shared services or connections it did not open. Waits poll
+//! go through a TCP proxy of the test's own, or a container of the test's
+//! own ([`containers`]): no test stops, restarts or disturbs the shared
+//! services or connections it did not open. Waits poll
 //! stored state under a generous deadline; nothing sleeps to synchronise.
 //!
 //! One file per theme; this module holds the harness, [`cluster`] runs real
-//! `flowforge` processes, [`proxy`] is the cuttable TCP proxy.
+//! `flowforge` processes.
 
 mod cluster;
+mod containers;
 mod end_to_end;
 mod failures;
 mod mixed;
 mod outbox;
 mod postgres;
-mod proxy;
 mod stalls;
 mod topology;
 mod worker;
 
 use std::future::Future;
-use std::io::Write as _;
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::str::FromStr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flowforge_adapters_postgres::{PgOptions, PgStore};
@@ -38,6 +35,8 @@ use flowforge_adapters_rabbit::{RabbitConfig, RabbitPublisher, RabbitQueue};
 use flowforge_app::publisher::{OutboxPublisher, PublisherConfig};
 use flowforge_domain::WorkflowDefinition;
 use flowforge_ports::{Dispatch, DispatchId, RunDetail, RunId, RunStore, SystemClock, TaskRunId, TaskRunView};
+use flowforge_testkit::{TestDatabase, suffix};
+pub(crate) use flowforge_testkit::{amqp_url, amqp_url_via, broker_address, pg_address, pg_url_via, postgres_url};
 use lapin::message::BasicGetMessage;
 use lapin::options::{
     BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -45,10 +44,6 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
 use serde_json::Value;
-use sqlx::{Connection as _, PgConnection};
-
-const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 /// How long any wait for something the system does may take before the
 /// test fails: generous, so a slow, loaded machine does not fail a correct
@@ -59,82 +54,6 @@ pub(crate) const PATIENCE: Duration = Duration::from_secs(90);
 /// it by accident (docs/design/leases-and-fencing.md#store-time).
 pub(crate) const LONG_LEASE: Duration = Duration::from_secs(300);
 
-/// Says why tests are skipped on the real stderr (the harness would hide
-/// an `eprintln!` of a passing test).
-fn skip_notice(why: &str) {
-    let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
-}
-
-/// Whether any address of `host:port` accepts a TCP connection.
-fn accepts(host: &str, port: u16) -> bool {
-    (host, port)
-        .to_socket_addrs()
-        .is_ok_and(|mut addrs| addrs.any(|a| TcpStream::connect_timeout(&a, Duration::from_secs(3)).is_ok()))
-}
-
-/// The PostgreSQL server to test against, or `None` (after a notice) to
-/// skip; panics instead when `REQUIRE_POSTGRES=1`.
-pub(crate) fn postgres_url() -> Option<String> {
-    static URL: OnceLock<Result<String, String>> = OnceLock::new();
-    let found = URL.get_or_init(|| {
-        let url = std::env::var("DATABASE_URL")
-            .ok()
-            .filter(|u| !u.is_empty())
-            .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned());
-        let reachable = url
-            .parse::<sqlx::postgres::PgConnectOptions>()
-            .is_ok_and(|o| match o.get_host() {
-                socket if socket.starts_with('/') => std::path::Path::new(socket).exists(),
-                host => accepts(host, o.get_port()),
-            });
-        if reachable {
-            Ok(url)
-        } else {
-            Err(format!("PostgreSQL at {url} is unreachable"))
-        }
-    });
-    match found {
-        Ok(url) => Some(url.clone()),
-        Err(why) => {
-            assert!(
-                std::env::var("REQUIRE_POSTGRES").as_deref() != Ok("1"),
-                "REQUIRE_POSTGRES=1 but {why}"
-            );
-            skip_notice(&format!(
-                "{why}; set DATABASE_URL (and REQUIRE_POSTGRES=1 to fail instead)"
-            ));
-            None
-        }
-    }
-}
-
-/// The RabbitMQ broker to test against, or `None` (after a notice) to
-/// skip; panics instead when `REQUIRE_RABBITMQ=1`.
-pub(crate) fn amqp_url() -> Option<String> {
-    static URL: OnceLock<Result<String, String>> = OnceLock::new();
-    let found = URL.get_or_init(|| {
-        let url = std::env::var("AMQP_URL")
-            .ok()
-            .filter(|u| !u.is_empty())
-            .unwrap_or_else(|| DEFAULT_AMQP_URL.to_owned());
-        match broker_address(&url) {
-            Some(address) if TcpStream::connect_timeout(&address, Duration::from_secs(3)).is_ok() => Ok(url),
-            _ => Err(format!("RabbitMQ at {} is unreachable", redact(&url))),
-        }
-    });
-    match found {
-        Ok(url) => Some(url.clone()),
-        Err(why) => {
-            assert!(
-                std::env::var("REQUIRE_RABBITMQ").as_deref() != Ok("1"),
-                "REQUIRE_RABBITMQ=1 but {why}"
-            );
-            skip_notice(&format!("{why}; set AMQP_URL (and REQUIRE_RABBITMQ=1 to fail instead)"));
-            None
-        }
-    }
-}
-
 /// Both services, or `None` to skip (each absent one noticed).
 pub(crate) fn both_services() -> Option<(String, String)> {
     let postgres = postgres_url();
@@ -142,103 +61,21 @@ pub(crate) fn both_services() -> Option<(String, String)> {
     Some((postgres?, amqp?))
 }
 
-/// The URL without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let user = url[scheme + 3..at].split(':').next().unwrap_or_default();
-            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-/// The host and port an AMQP URL names. The URI parser turns an IP host
-/// into "localhost" (the adapter corrects that, and so must the tests).
-fn broker_address(url: &str) -> Option<SocketAddr> {
-    let uri = lapin::uri::AMQPUri::from_str(url).ok()?;
-    let host = url
-        .split_once("://")
-        .and_then(|(_, rest)| rest.split(['/', '?']).next())
-        .map(|authority| authority.rsplit_once('@').map_or(authority, |(_, hp)| hp))
-        .and_then(|host_port| host_port.split(':').next())
-        .filter(|h| !h.is_empty())
-        .unwrap_or("localhost")
-        .to_owned();
-    (host.as_str(), uri.authority.port).to_socket_addrs().ok()?.next()
-}
-
-/// `url` pointed at `127.0.0.1:port` (a proxy) instead of the broker.
-fn amqp_url_via(url: &str, port: u16) -> String {
-    let mut uri = lapin::uri::AMQPUri::from_str(url).expect("a valid AMQP URL");
-    uri.authority.host = "127.0.0.1".to_owned();
-    uri.authority.port = port;
-    uri.to_string()
-}
-
-/// The address of the PostgreSQL server a URL names (TCP only).
-fn pg_address(url: &str) -> SocketAddr {
-    let options: sqlx::postgres::PgConnectOptions = url.parse().expect("a PostgreSQL URL");
-    (options.get_host(), options.get_port())
-        .to_socket_addrs()
-        .expect("resolve the PostgreSQL host")
-        .next()
-        .expect("an address for the PostgreSQL host")
-}
-
-/// `url` pointed at `127.0.0.1:port` (a proxy) instead of the server.
-fn pg_url_via(url: &str, port: u16) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let userinfo = authority.rsplit_once('@').map(|(user, _)| format!("{user}@"));
-    format!("{scheme}://{}127.0.0.1:{port}{tail}", userinfo.unwrap_or_default())
-}
-
-/// A random suffix for names.
-fn suffix() -> String {
-    format!("{:016x}", fastrand::u64(..))
-}
-
-/// `url` with its database replaced by `name`.
-fn with_database(url: &str, name: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
-    let (before_query, query) = match rest.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (rest, None),
-    };
-    let authority = before_query.split('/').next().unwrap_or(before_query);
-    match query {
-        Some(q) => format!("{scheme}://{authority}/{name}?{q}"),
-        None => format!("{scheme}://{authority}/{name}"),
-    }
-}
-
 /// One test's own PostgreSQL database, dropped `WITH (FORCE)` when this
 /// guard is dropped — when the test ends, passed or failed.
 pub(crate) struct TestDb {
     /// The database's URL.
     pub(crate) url: String,
-    name: String,
-    admin_url: String,
+    _database: TestDatabase,
 }
 
 impl TestDb {
     /// A fresh database with no schema (for `flowforge migrate`).
     pub(crate) async fn empty(admin_url: &str) -> Self {
-        let name = format!("ff_it_{}", suffix());
-        let mut admin = PgConnection::connect(admin_url)
-            .await
-            .expect("connect to the PostgreSQL server");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await
-            .expect("CREATE DATABASE");
-        let _ = admin.close().await;
+        let database = TestDatabase::create(admin_url, "ff_it").await;
         Self {
-            url: with_database(admin_url, &name),
-            name,
-            admin_url: admin_url.to_owned(),
+            url: database.url.clone(),
+            _database: database,
         }
     }
 
@@ -259,34 +96,6 @@ impl TestDb {
         PgStore::connect(&self.url, Arc::new(SystemClock), pg_options())
             .await
             .expect("open the test database")
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        // Drop may run inside the test's runtime, which must not be blocked
-        // on: a thread with a runtime of its own drops the database. FORCE
-        // ends whatever connections are left.
-        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
-        let dropper = std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
-                return;
-            };
-            runtime.block_on(async move {
-                if let Ok(mut admin) = PgConnection::connect(&admin_url).await {
-                    let dropped = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                    )))
-                    .execute(&mut admin)
-                    .await;
-                    if let Err(e) = dropped {
-                        skip_notice(&format!("(cleanup) could not drop test database {name}: {e}"));
-                    }
-                    let _ = admin.close().await;
-                }
-            });
-        });
-        let _ = dropper.join();
     }
 }
 

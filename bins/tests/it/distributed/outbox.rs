@@ -20,11 +20,11 @@ use serde_json::{Value, json};
 use tokio::sync::Barrier;
 use tokio_util::sync::CancellationToken;
 
-use super::proxy::{Mode, Proxy};
 use super::{
     Broker, TestDb, amqp_url_via, both_services, broker_address, eventually, independent_tasks, outbox,
     outbox_publisher, within,
 };
+use flowforge_testkit::{Mode, Proxy};
 
 /// A migrated database, this test's own exchange and queue names, and a
 /// store over the database.

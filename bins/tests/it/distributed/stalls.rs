@@ -25,11 +25,11 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::proxy::{Mode, Proxy};
 use super::{
     Broker, LONG_LEASE, TestDb, both_services, definition, detail, eventually, outbox, outbox_publisher, pg_address,
     pg_options, pg_url_via, postgres_url, task, within,
 };
+use flowforge_testkit::{Mode, Proxy};
 
 /// The idle-in-transaction bound of the stalled processes' connections.
 const IDLE_BOUND: Duration = Duration::from_secs(2);

@@ -27,11 +27,11 @@ use flowforge_ports::{
 use serde_json::json;
 use tokio::sync::Notify;
 
-use super::proxy::{Mode, Proxy};
 use super::{
     Broker, LONG_LEASE, TestDb, amqp_url_via, both_services, broker_address, definition, detail, outbox,
     outbox_publisher, pg_address, pg_options, pg_url_via, task, transitions, within,
 };
+use flowforge_testkit::{Mode, Proxy};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_delivery_is_acked_without_running_the_handler_again() {
