@@ -207,6 +207,11 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
     /// A queue-type mismatch ends the worker with that error; a slot that
     /// panicked stops the others and ends it with [`Error::LoopPanicked`].
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<(), Error> {
+        // A failing slot stops its fellow slots only: cancelling the
+        // caller's token would also end the loops beside the worker
+        // cleanly, and whoever watches them could take that clean end for
+        // the failure before the worker reports its own.
+        let shutdown = shutdown.child_token();
         let mut slots = JoinSet::new();
         for slot in 0..self.config.concurrency {
             let me = Arc::clone(&self);

@@ -155,8 +155,19 @@ fn long_lease_worker(
     queue: RabbitQueue,
     registry: HandlerRegistry,
 ) -> Arc<Worker<PgStore, RabbitQueue>> {
+    worker_with_lease(id, store, queue, registry, LONG_LEASE)
+}
+
+/// A one-slot worker taking leases of `lease`.
+fn worker_with_lease(
+    id: &str,
+    store: PgStore,
+    queue: RabbitQueue,
+    registry: HandlerRegistry,
+    lease: Duration,
+) -> Arc<Worker<PgStore, RabbitQueue>> {
     let mut config = WorkerConfig::new(WorkerId(id.to_owned()), 1);
-    config.lease = LONG_LEASE;
+    config.lease = lease;
     Arc::new(Worker::new(
         store.clone(),
         queue,
@@ -253,7 +264,7 @@ async fn an_ack_lost_after_the_outcome_is_stored_brings_a_redelivery_acked_witho
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_outcome_write_is_nacked_for_requeue_and_the_reaper_retries_the_task() {
+async fn an_outcome_write_failing_for_a_whole_lease_is_nacked_and_the_reaper_retries_the_task() {
     let Some((postgres, amqp)) = both_services() else {
         return;
     };
@@ -281,11 +292,15 @@ async fn a_failed_outcome_write_is_nacked_for_requeue_and_the_reaper_retries_the
 
     let calls = Arc::new(AtomicUsize::new(0));
     let (started, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let worker = long_lease_worker(
+    // The worker retries a write that fails for up to one lease (a
+    // database coming back keeps the work); a short one keeps this
+    // test's outage past it short.
+    let worker = worker_with_lease(
         "it-writefails",
         worker_store,
         RabbitQueue::new(broker.config()).expect("a valid config"),
         gated_registry(&calls, &started, &gate),
+        Duration::from_secs(6),
     );
     let run = start_counted(&store, "write-fails").await;
     let publisher = outbox_publisher(store.clone(), &broker);
