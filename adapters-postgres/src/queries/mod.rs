@@ -246,7 +246,10 @@ RETURNING wr.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL AS ca
 /// finish_task_run: a lease-spending edge (`succeed`, `fail`,
 /// `cancel_running`) at the presented token, clearing the lease and
 /// flagging the row; when the token no longer matches, the
-/// `stale_write_rejected` audit event instead — both in one statement.
+/// `stale_write_rejected` audit event instead — both in one statement. An
+/// outcome without an error keeps the row's last error, as SQLite does (a
+/// task that succeeded on a retry still reports why the attempt before
+/// failed).
 /// `$1` offset, `$2` id, `$3` token, `$4` worker, `$5`
 /// target state, `$6` transition, `$7` output (JSON text), `$8` error, `$9`
 /// cancel reason, `$10` the most stale-write audits one task run keeps.
@@ -256,7 +259,7 @@ pub const FINISH: &str = concat!(
     SET state = $5, lease_owner = NULL, lease_expires_at = NULL, finished_at = ",
     now!(),
     ",
-        result = $7::jsonb, result_bytes = octet_length($7::text), error = $8, cancel_reason = $9,
+        result = $7::jsonb, result_bytes = octet_length($7::text), error = COALESCE($8, error), cancel_reason = $9,
         needs_pass = true
     WHERE id = $2 AND state = 'running' AND fencing_token = $3
     RETURNING id, run_id, task_key, attempt, fencing_token
