@@ -10,10 +10,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use flowforge_adapters_inproc::InprocQueue;
+use flowforge_adapters_postgres::{PgOptions, PgStore};
 use flowforge_app::{Engine, EngineConfig, HandlerRegistry, RunReport};
 use flowforge_domain::derive::{CompensationProgress, TaskTally, Verdict, derive_run_state};
 use flowforge_domain::{CancelReason, RunState, TaskRunState};
-use flowforge_ports::{HandlerError, Store, TaskContext};
+use flowforge_ports::{HandlerError, Store, SystemClock, TaskContext};
+use flowforge_testkit::TestDatabase;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
@@ -257,4 +259,41 @@ proptest! {
         let (report, undone) = runtime().block_on(async { run_on(store().await, &shape).await });
         check_settled(&shape, &report, &undone)?;
     }
+}
+
+/// The report of `shape` run on a fresh PostgreSQL database of the server
+/// at `admin`, dropped afterwards.
+async fn run_on_postgres(admin: &str, shape: &Shape) -> (RunReport, Vec<String>) {
+    let db = TestDatabase::create(admin, "props").await;
+    let store = PgStore::connect_unchecked(&db.url, Arc::new(SystemClock), PgOptions::default())
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    let ran = run_on(store.clone(), shape).await;
+    store.pool().close().await;
+    ran
+}
+
+/// The same random definitions with the same planned failures give the
+/// same report on SQLite and on PostgreSQL, once ids, times, tokens and
+/// workers are dropped and events are grouped by task
+/// ([`RunReport::comparable`]); compensators run in the same order.
+#[test]
+fn random_shapes_report_alike_on_sqlite_and_postgresql() {
+    let Some(admin) = flowforge_testkit::postgres_url() else {
+        return;
+    };
+    let config = ProptestConfig {
+        cases: cases(8),
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(shape in shapes(6))| {
+        let rt = runtime();
+        let (lite, lite_undone) = rt.block_on(async { run_on(store().await, &shape).await });
+        let (pg, pg_undone) = rt.block_on(run_on_postgres(&admin, &shape));
+        check_settled(&shape, &pg, &pg_undone)?;
+        let text = |r: &RunReport| serde_json::to_string_pretty(&r.comparable()).expect("a report serialises");
+        prop_assert_eq!(text(&lite), text(&pg), "comparable reports, SQLite then PostgreSQL");
+        prop_assert_eq!(lite_undone, pg_undone, "compensation order");
+    });
 }
