@@ -246,7 +246,10 @@ RETURNING wr.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL AS ca
 /// finish_task_run: a lease-spending edge (`succeed`, `fail`,
 /// `cancel_running`) at the presented token, clearing the lease and
 /// flagging the row; when the token no longer matches, the
-/// `stale_write_rejected` audit event instead — both in one statement.
+/// `stale_write_rejected` audit event instead — both in one statement. An
+/// outcome without an error keeps the row's last error, as SQLite does (a
+/// task that succeeded on a retry still reports why the attempt before
+/// failed).
 /// `$1` offset, `$2` id, `$3` token, `$4` worker, `$5`
 /// target state, `$6` transition, `$7` output (JSON text), `$8` error, `$9`
 /// cancel reason, `$10` the most stale-write audits one task run keeps.
@@ -256,7 +259,7 @@ pub const FINISH: &str = concat!(
     SET state = $5, lease_owner = NULL, lease_expires_at = NULL, finished_at = ",
     now!(),
     ",
-        result = $7::jsonb, result_bytes = octet_length($7::text), error = $8, cancel_reason = $9,
+        result = $7::jsonb, result_bytes = octet_length($7::text), error = COALESCE($8, error), cancel_reason = $9,
         needs_pass = true
     WHERE id = $2 AND state = 'running' AND fencing_token = $3
     RETURNING id, run_id, task_key, attempt, fencing_token
@@ -360,11 +363,22 @@ SELECT (SELECT count(*) FROM moved) > 0 AS moved, ",
     " AS woke"
 );
 
+/// Whether the reaper sends a row back to ready (`reap_lease`): attempts
+/// remain, or it is a forward task of a cancel-requested run, which
+/// `REAP_CANCEL` then cancels — even on its final attempt, so the run ends
+/// cancelled, not failed (docs/design/cancellation.md#reaping-a-cancelled-run).
+macro_rules! reaped_to_ready {
+    () => {
+        "(tr.attempt < t.max_attempts OR (wr.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL))"
+    };
+}
+
 /// reap_expired_leases: one conditional UPDATE over the expired leases it
 /// read, each still `running`, still expired and still at the token read —
 /// so a row a worker has just finished is never touched. Bumps the token;
 /// `reap_lease` (attempt + 1, outbox row unless it is a forward task of a
-/// cancel-requested run) when attempts remain, else `reap_lease_final`. The
+/// cancel-requested run) when attempts remain or the run is
+/// cancel-requested, else `reap_lease_final`. The
 /// candidate scan is served by `taskrun_lease_expiry_idx`. `$1` offset, `$2`
 /// limit, `$3` run (NULL: every run).
 pub const REAP: &str = concat!(
@@ -379,16 +393,26 @@ pub const REAP: &str = concat!(
     LIMIT $2
 ), reaped AS (
     UPDATE task_run AS tr
-    SET state = CASE WHEN tr.attempt < t.max_attempts THEN 'ready' ELSE 'failed' END,
+    SET state = CASE WHEN ",
+    reaped_to_ready!(),
+    " THEN 'ready' ELSE 'failed' END,
         fencing_token = tr.fencing_token + 1,
-        attempt = CASE WHEN tr.attempt < t.max_attempts THEN tr.attempt + 1 ELSE tr.attempt END,
+        attempt = CASE WHEN ",
+    reaped_to_ready!(),
+    " THEN tr.attempt + 1 ELSE tr.attempt END,
         lease_owner = NULL,
         lease_expires_at = NULL,
-        finished_at = CASE WHEN tr.attempt < t.max_attempts THEN NULL ELSE ",
+        finished_at = CASE WHEN ",
+    reaped_to_ready!(),
+    " THEN NULL ELSE ",
     now!(),
     " END,
-        error = CASE WHEN tr.attempt < t.max_attempts THEN tr.error ELSE 'lease expired on the final attempt' END,
-        needs_pass = tr.needs_pass OR tr.attempt >= t.max_attempts
+        error = CASE WHEN ",
+    reaped_to_ready!(),
+    " THEN tr.error ELSE 'lease expired on the final attempt' END,
+        needs_pass = tr.needs_pass OR NOT ",
+    reaped_to_ready!(),
+    "
     FROM candidate AS c, workflow_run AS wr, task AS t
     WHERE tr.id = c.id AND tr.fencing_token = c.fencing_token
       AND tr.state = 'running' AND tr.lease_expires_at < ",

@@ -2,6 +2,7 @@
 //! worker over the in-process queue and an in-memory SQLite store.
 
 mod engine;
+mod props;
 mod service;
 
 use std::sync::Arc;

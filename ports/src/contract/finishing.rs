@@ -80,7 +80,8 @@ pub async fn finish_failed_without_retry_fails_for_good<F: StoreFactory>(factory
 /// A failure with attempts left moves to retrying in the same transaction
 /// (`fail` + `schedule_retry`): attempt + 1, `retry_at` = store now + delay,
 /// lease and `finished_at` cleared, error kept; it is due only once store
-/// time reaches `retry_at`, and `promote_due_retries` re-dispatches it.
+/// time reaches `retry_at`, and `promote_due_retries` re-dispatches it. The
+/// error stays the last error after a later success.
 pub async fn finish_failed_with_retry_schedules_it_in_store_time<F: StoreFactory>(factory: &F) {
     let (s, clock) = fresh(factory).await;
     clock.advance(Duration::from_secs(86_400));
@@ -162,6 +163,12 @@ pub async fn finish_failed_with_retry_schedules_it_in_store_time<F: StoreFactory
     assert_eq!(again.attempt, 2);
     assert!(again.token > c.token);
     assert_eq!(view(&s, run, "t").await.started_at, first_start, "started_at is kept");
+    finish(&s, &again, "w", succeeded(json!({}))).await;
+    assert_eq!(
+        view(&s, run, "t").await.error.as_deref(),
+        Some("boom"),
+        "a success keeps the last error"
+    );
 }
 
 /// `cancel_running` (a worker stopping on a cancel request) records the

@@ -100,6 +100,7 @@ macro_rules! store_contract_tests {
             an_unstorable_outcome_is_stored_as_the_domain_says,
             task_inputs_past_their_limit_are_refused,
             stale_write_audits_are_capped_per_task_run,
+            random_operation_sequences_match_the_model,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
@@ -122,6 +123,7 @@ mod definitions;
 mod finishing;
 mod generic;
 mod limits;
+mod model;
 mod outbox;
 mod pass;
 mod queries;
@@ -133,6 +135,7 @@ pub use definitions::*;
 pub use finishing::*;
 pub use generic::*;
 pub use limits::*;
+pub use model::*;
 pub use outbox::*;
 pub use pass::*;
 pub use queries::*;

@@ -192,10 +192,10 @@ pub trait RunStore: Send + Sync + 'static {
     /// (docs/design/leases-and-fencing.md#the-reaper): for each running row
     /// with `lease_expires_at < store now`, one conditional UPDATE that bumps
     /// the token — `reap_lease` (attempt + 1, outbox row) when attempts remain,
-    /// else `reap_lease_final`; for a forward task of a cancel-requested run,
-    /// `reap_lease` then `cancel_ready` in one transaction with no dispatch (a
-    /// compensator is re-dispatched: the rollback goes on). A row a worker has
-    /// just finished is never touched.
+    /// else `reap_lease_final`; for a forward task of a cancel-requested run
+    /// (final attempt or not), `reap_lease` then `cancel_ready` in one
+    /// transaction with no dispatch (a compensator is re-dispatched: the
+    /// rollback goes on). A row a worker has just finished is never touched.
     fn reap_expired_leases(&self, scope: Scope, limit: u32) -> impl Future<Output = Result<Vec<Reaped>, Error>> + Send;
 
     /// Runs that need a scheduler pass: a flagged task run, a due retry, or

@@ -120,8 +120,9 @@ pub(super) const DOMAIN_ALLOWED: &[&str] = &[
 ];
 
 /// The transitive normal dependencies of `flowforge-ports`: the domain's,
-/// plus chrono, uuid, tokio-util (cancellation) and tokio (its optional
-/// `test-util` contract suite).
+/// plus chrono, uuid, tokio-util (cancellation), and tokio and proptest (its
+/// optional `test-util` contract suite, whose model-based case generates
+/// operation sequences).
 pub(super) const PORTS_ALLOWED: &[&str] = &[
     "ahash",
     "aho-corasick",
@@ -136,9 +137,11 @@ pub(super) const PORTS_ALLOWED: &[&str] = &[
     "bytecount",
     "bytes",
     "cfg-if",
+    "chacha20",
     "chrono",
     "cmov",
     "core-foundation-sys",
+    "core_detect",
     "cpufeatures",
     "critical-section",
     "crypto-common",
@@ -192,9 +195,12 @@ pub(super) const PORTS_ALLOWED: &[&str] = &[
     "pin-project-lite",
     "portable-atomic",
     "proc-macro2",
+    "proptest",
     "quote",
     "r-efi",
+    "rand",
     "rand_core",
+    "rand_xorshift",
     "redox_syscall",
     "ref-cast",
     "ref-cast-impl",
@@ -223,6 +229,7 @@ pub(super) const PORTS_ALLOWED: &[&str] = &[
     "tokio-macros",
     "tokio-util",
     "typenum",
+    "unarray",
     "unicode-general-category",
     "unicode-ident",
     "uuid",
