@@ -186,13 +186,7 @@ impl RunStore for PgStore {
     type Notifier = PgNotifier;
 
     async fn start_run(&self, workflow: WorkflowId, input: Value) -> Result<RunId, store::Error> {
-        if let Some(path) = limits::find_nul(&input) {
-            return Err(Refusal::Nul {
-                kind: ValueKind::RunInput,
-                path,
-            }
-            .into());
-        }
+        limits::refuse_nul(ValueKind::RunInput, &input)?;
         let id = Uuid::now_v7();
         let (created, woke_publisher, woke_scheduler): (bool, bool, bool) = sqlx::query_as(queries::START_RUN)
             .bind(self.offset())

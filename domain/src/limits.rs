@@ -68,6 +68,14 @@ impl ValueKind {
         }
     }
 
+    /// The verb that agrees with [`Self::as_str`].
+    fn is(self) -> &'static str {
+        match self {
+            Self::RunInput | Self::TaskOutput => "is",
+            Self::TaskInputs => "are",
+        }
+    }
+
     /// The setting that bounds this value's size.
     pub fn setting(self) -> &'static str {
         match self {
@@ -90,7 +98,7 @@ pub enum Refusal {
         path: String,
     },
     /// The value is larger than its limit.
-    #[error("{} is {bytes} bytes of JSON; the limit ({}) is {limit} bytes", .kind.as_str(), .kind.setting())]
+    #[error("{} {} {bytes} bytes of JSON; the limit ({}) is {limit} bytes", .kind.as_str(), .kind.is(), .kind.setting())]
     TooLarge {
         /// Which value.
         kind: ValueKind,
@@ -113,14 +121,21 @@ impl Refusal {
 /// Checks that `value` can be stored as `kind` within `limit` bytes,
 /// returning its size.
 pub fn check_value(kind: ValueKind, value: &Value, limit: usize) -> Result<usize, Refusal> {
-    if let Some(path) = find_nul(value) {
-        return Err(Refusal::Nul { kind, path });
-    }
+    refuse_nul(kind, value)?;
     let bytes = json_len(value);
     if bytes > limit {
         return Err(Refusal::TooLarge { kind, bytes, limit });
     }
     Ok(bytes)
+}
+
+/// Refuses `value` as `kind` when a string or key in it holds U+0000
+/// (sizes aside: a store checks only this, sizes being the caller's policy).
+pub fn refuse_nul(kind: ValueKind, value: &Value) -> Result<(), Refusal> {
+    match find_nul(value) {
+        Some(path) => Err(Refusal::Nul { kind, path }),
+        None => Ok(()),
+    }
 }
 
 /// The JSONPath of the first string or object key (in document order)
@@ -286,6 +301,11 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "the run input is 11 bytes of JSON; the limit (max_run_input_bytes) is 10 bytes"
+        );
+        let inputs = check_value(ValueKind::TaskInputs, &v, 10).unwrap_err();
+        assert_eq!(
+            inputs.to_string(),
+            "the task's inputs (its dependencies' outputs) are 11 bytes of JSON; the limit (max_task_inputs_bytes) is 10 bytes"
         );
         let nul = check_value(ValueKind::TaskOutput, &json!({"a": "\u{0}"}), 100).unwrap_err();
         assert_eq!(

@@ -142,13 +142,7 @@ impl RunStore for SqliteStore {
     async fn start_run(&self, workflow: WorkflowId, input: Value) -> Result<RunId, store::Error> {
         // SQLite could keep it, PostgreSQL cannot: both refuse it, so the
         // two modes agree (docs/design/data-flow.md#limits).
-        if let Some(path) = limits::find_nul(&input) {
-            return Err(Refusal::Nul {
-                kind: ValueKind::RunInput,
-                path,
-            }
-            .into());
-        }
+        limits::refuse_nul(ValueKind::RunInput, &input)?;
         let run = RunId(uuid::Uuid::now_v7());
         let key = run_key(run);
         let input =

@@ -234,8 +234,7 @@ fn the_inputs_one_task_is_given_are_held_to_their_limit() {
         let (state, attempt, error) = ending(&report, "join");
         assert_eq!((state.as_str(), attempt), ("failed", 1), "{}: {error}", db.name());
         assert!(
-            error.starts_with("the task's inputs (its dependencies' outputs) are ")
-                || error.starts_with("the task's inputs (its dependencies' outputs) is "),
+            error.starts_with("the task's inputs (its dependencies' outputs) are "),
             "{}: {error}",
             db.name()
         );
