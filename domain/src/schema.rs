@@ -475,6 +475,31 @@ mod tests {
     }
 
     #[test]
+    fn max_attempts_is_at_most_a_thousand_wherever_it_is_set() {
+        let task = |n: u32| json!({"key": "a", "task_type": "noop", "retry": {"max_attempts": n}});
+        let p = problems(
+            json!({"name": "w", "version": 1, "defaults": {"retry": {"max_attempts": 1001}},
+                                "tasks": [task(1001)]}),
+        );
+        let found: Vec<(&str, &str)> = p.iter().map(|p| (p.1.as_str(), p.3.as_str())).collect();
+        assert_eq!(
+            found,
+            [
+                (
+                    "$.defaults.retry.max_attempts",
+                    "1001 is greater than the maximum of 1000"
+                ),
+                (
+                    "$.tasks[0].retry.max_attempts",
+                    "1001 is greater than the maximum of 1000"
+                )
+            ]
+        );
+        let at_most = serde_json::to_vec(&json!({"name": "w", "version": 1, "tasks": [task(1000)]})).unwrap();
+        assert!(parse_definition(&at_most).is_ok());
+    }
+
+    #[test]
     fn an_integer_written_with_a_fraction_is_refused_at_its_own_path() {
         let task = json!({"key": "a", "task_type": "noop", "retry": {"max_attempts": 2.0}});
         let p = problems(
