@@ -23,7 +23,7 @@ pub use store::{
     Activity, CancelOutcome, Claim, DefinitionStore, EventView, FinishResult, LeaseStatus, LoadError, LockedRun,
     Notifier, OutboxStore, OutboxSweep, PassTask, PublishError, Published, Reaped, RunDetail, RunPass, RunSet,
     RunStore, RunSummary, Scope, Store, TaskInputs, TaskOutcome, TaskRunView, Topic, TransitionError, WorkerInfo,
-    WorkerRegistration, WorkerRegistry,
+    TokenStore, WorkerRegistration, WorkerRegistry,
 };
 
 #[cfg(test)]

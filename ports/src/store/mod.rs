@@ -10,12 +10,15 @@
 //! argument.
 
 mod error;
+mod tokens;
 mod values;
 
 pub use error::{Error, LoadError, PublishError, TransitionError, resolve_generic_transition};
+pub use tokens::{NewToken, TokenError, TokenStatus, TokenStore, TokenView};
 pub use values::{
-    Activity, CancelOutcome, Claim, EventView, FinishResult, LeaseStatus, LockedRun, PassTask, Published, Reaped,
-    RunDetail, RunSet, RunSummary, Scope, TaskInputs, TaskOutcome, TaskRunView, WorkerInfo, WorkerRegistration,
+    Activity, CancelOutcome, Claim, DefinitionSummary, EventView, FinishResult, Gauges, IdempotencyKey, KeyedStart,
+    LeaseStatus, LockedRun, PassTask, Published, Reaped, RunCursor, RunDetail, RunQuery, RunSet, RunSummary, Scope,
+    TaskInputs, TaskOutcome, TaskRunView, WorkerInfo, WorkerRegistration,
 };
 
 use std::collections::BTreeSet;
@@ -77,6 +80,14 @@ pub trait DefinitionStore: Send + Sync + 'static {
         name: &str,
         version: u32,
     ) -> impl Future<Output = Result<Option<Published>, LoadError>> + Send;
+
+    /// The published definitions without their tasks: every one, or the
+    /// versions of `name`; ordered by name, then version, highest first
+    /// (so the first of a name is its latest).
+    fn list_definitions(
+        &self,
+        name: Option<&str>,
+    ) -> impl Future<Output = Result<Vec<DefinitionSummary>, Error>> + Send;
 }
 
 /// Runs and task runs: the transition protocol
@@ -217,6 +228,59 @@ pub trait RunStore: Send + Sync + 'static {
     /// The most recent runs, newest first.
     fn list_runs(&self, limit: u32) -> impl Future<Output = Result<Vec<RunSummary>, Error>> + Send;
 
+    /// Starts a run as [`RunStore::start_run`] does, unless a run was
+    /// already started under `key.key`.
+    ///
+    /// Contract: the key is unique in the store and recorded in the
+    /// run's own transaction, so of two concurrent calls with one key
+    /// exactly one starts a run (the other waits for it on the unique
+    /// constraint, never on a lock held across calls) and gets
+    /// [`KeyedStart::Replayed`] when `key.request_hash` matches the
+    /// first call's, else [`KeyedStart::Reused`]; both name the first
+    /// run.
+    fn start_run_keyed(
+        &self,
+        workflow: WorkflowId,
+        input: Value,
+        key: &IdempotencyKey,
+    ) -> impl Future<Output = Result<KeyedStart, Error>> + Send;
+
+    /// One page of runs, newest first (by `created_at`, then id, both
+    /// descending), filtered as `query` says: each filter's values are
+    /// alternatives (OR), filters combine with AND.
+    ///
+    /// Contract: the page holds the first `query.limit` runs strictly
+    /// after `query.after` in that order, so walking pages by the last
+    /// row's [`RunCursor`] sees every run that existed when the walk
+    /// began exactly once, whatever is started meanwhile.
+    fn list_runs_page(&self, query: &RunQuery) -> impl Future<Output = Result<Vec<RunSummary>, Error>> + Send;
+
+    /// One run's summary without its task runs or history.
+    fn run_summary(&self, run: RunId) -> impl Future<Output = Result<Option<RunSummary>, Error>> + Send;
+
+    /// The run's events with a sequence number above `after`, ascending,
+    /// at most `limit` (docs/design/state-machines.md#event-history).
+    ///
+    /// Contract: every event of a run (its own and its task runs',
+    /// audits included) carries `seq` = the run's previous highest + 1,
+    /// assigned in the transaction that writes it, so the numbers are
+    /// 1, 2, 3, … in commit order with no gap: a reader that has seen
+    /// every `seq ≤ n` and asks for `after = n` misses nothing and
+    /// repeats nothing.
+    fn run_events(
+        &self,
+        run: RunId,
+        after: u64,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<EventView>, Error>> + Send;
+
+    /// What the gauges read from the store: counts of active work.
+    fn gauges(&self) -> impl Future<Output = Result<Gauges, Error>> + Send;
+
+    /// Whether the store is reachable and its schema is this binary's:
+    /// `Err(Error::Unavailable)` or `Err(Error::Migration)` otherwise.
+    fn ready(&self) -> impl Future<Output = Result<(), Error>> + Send;
+
     /// The store's wake-up source (on PostgreSQL this opens a listening
     /// connection).
     fn notifier(&self) -> impl Future<Output = Result<Self::Notifier, Error>> + Send;
@@ -342,6 +406,6 @@ pub trait WorkerRegistry: Send + Sync + 'static {
 }
 
 /// Everything a FlowForge store provides.
-pub trait Store: DefinitionStore + RunStore + OutboxStore + WorkerRegistry + Clone {}
+pub trait Store: DefinitionStore + RunStore + OutboxStore + WorkerRegistry + TokenStore + Clone {}
 
-impl<T: DefinitionStore + RunStore + OutboxStore + WorkerRegistry + Clone> Store for T {}
+impl<T: DefinitionStore + RunStore + OutboxStore + WorkerRegistry + TokenStore + Clone> Store for T {}

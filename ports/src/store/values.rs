@@ -327,6 +327,9 @@ pub struct TaskRunView {
 /// One entry of the event history (a transition, or an audit event).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EventView {
+    /// Its place in the run's history: 1, 2, 3, … in commit order
+    /// (see [`RunStore::run_events`](super::RunStore::run_events)).
+    pub seq: u64,
     /// The task's key (`None`: a run transition).
     pub task: Option<String>,
     /// The transition's name, or `stale_write_rejected`.
@@ -396,4 +399,82 @@ pub struct WorkerRegistration {
     pub task_types: Vec<String>,
     /// Concurrency slots.
     pub concurrency: u32,
+}
+
+/// A published definition without its tasks, for listings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DefinitionSummary {
+    /// Its id.
+    pub id: WorkflowId,
+    /// Workflow name.
+    pub name: String,
+    /// Workflow version.
+    pub version: u32,
+    /// Its fingerprint.
+    pub fingerprint: String,
+    /// How many tasks it has (compensators included).
+    pub tasks: u32,
+    /// When it was first published.
+    pub created_at: DateTime<Utc>,
+}
+
+/// The key a client starts a run under, so that a retried request starts
+/// nothing new.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey {
+    /// The client's key.
+    pub key: String,
+    /// A digest of the request it came with: the same key with another
+    /// request is the client's mistake, not a retry.
+    pub request_hash: String,
+}
+
+/// What [`RunStore::start_run_keyed`](super::RunStore::start_run_keyed) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyedStart {
+    /// This call started the run.
+    Started(RunId),
+    /// A call with the same key and request started this run before.
+    Replayed(RunId),
+    /// The key started this run with a different request.
+    Reused(RunId),
+}
+
+/// Where a page of runs starts: after the run with this creation time and id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunCursor {
+    /// The last run's creation time.
+    pub created_at: DateTime<Utc>,
+    /// The last run's id.
+    pub id: RunId,
+}
+
+/// Which runs [`RunStore::list_runs_page`](super::RunStore::list_runs_page) returns.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RunQuery {
+    /// At most this many.
+    pub limit: u32,
+    /// Only runs after this one (newest first).
+    pub after: Option<RunCursor>,
+    /// Only runs in one of these states (empty: any).
+    pub states: Vec<RunState>,
+    /// Only runs of one of these workflow names (empty: any).
+    pub workflows: Vec<String>,
+    /// Only runs created at or after this.
+    pub created_after: Option<DateTime<Utc>>,
+    /// Only runs created before this.
+    pub created_before: Option<DateTime<Utc>>,
+}
+
+/// Counts of active work, read from the store for gauges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Gauges {
+    /// Task runs ready and waiting for a worker.
+    pub ready: u64,
+    /// Task runs running (holding a lease).
+    pub running: u64,
+    /// Outbox rows not yet published.
+    pub outbox_unpublished: u64,
+    /// Runs pending or running.
+    pub active_runs: u64,
 }
