@@ -34,6 +34,20 @@ pub enum Error {
     /// No such run.
     #[error("run {0} not found")]
     RunNotFound(RunId),
+    /// No published definition has this name (and version).
+    #[error("workflow '{name}'{} is not published", .version.map(|v| format!(" version {v}")).unwrap_or_default())]
+    WorkflowNotFound {
+        /// The name asked for.
+        name: String,
+        /// The version asked for (`None`: any).
+        version: Option<u32>,
+    },
+    /// A token request is malformed (its name, its scopes).
+    #[error("{0}")]
+    InvalidToken(String),
+    /// A token name is taken.
+    #[error("a token named '{0}' already exists; pick another name")]
+    TokenNameTaken(String),
     /// A task's timeout is above what the queue can honour.
     #[error("{0}")]
     TimeoutTooLong(String),
@@ -71,7 +85,13 @@ impl Error {
             Self::Store(_) | Self::Queue(_) | Self::LoopPanicked { .. } | Self::LoopStopped => true,
             Self::Load(e) => !matches!(e, LoadError::NotFound(_)),
             Self::Publish(e) => matches!(e, PublishError::Store(e) if !matches!(e, store::Error::Refused(_))),
-            Self::Refused(_) | Self::UnknownTaskTypes { .. } | Self::RunNotFound(_) | Self::TimeoutTooLong(_) => false,
+            Self::Refused(_)
+            | Self::UnknownTaskTypes { .. }
+            | Self::RunNotFound(_)
+            | Self::WorkflowNotFound { .. }
+            | Self::InvalidToken(_)
+            | Self::TokenNameTaken(_)
+            | Self::TimeoutTooLong(_) => false,
         }
     }
 }

@@ -5,6 +5,7 @@
 //! Nothing here names a concrete adapter: the `flowforge` binary (and any
 //! embedding program) picks the store and the queue.
 
+pub mod attempts;
 pub mod builtins;
 pub mod cache;
 pub mod command;
@@ -17,6 +18,7 @@ pub mod registry;
 pub mod report;
 pub mod scheduler;
 pub mod service;
+pub mod tokens;
 pub mod worker;
 
 use std::time::Duration;

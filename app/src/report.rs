@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use chrono::{DateTime, SecondsFormat, Utc};
 use flowforge_domain::derive::compensation_order;
 use flowforge_domain::{RunState, TaskRunState, WorkflowDefinition};
-use flowforge_ports::store::{RunDetail, TaskRunView};
+use flowforge_ports::store::{EventView, RunDetail, TaskRunView};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -64,6 +64,8 @@ pub struct CompensationReport {
 /// One event of the history.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct EventReport {
+    /// Its place in the run's history (1, 2, 3, … in commit order).
+    pub seq: u64,
     /// Task key (`null`: a run transition).
     pub task: Option<String>,
     /// Transition name or `stale_write_rejected`.
@@ -82,6 +84,23 @@ pub struct EventReport {
     pub at: String,
     /// Error recorded with it.
     pub error: Option<String>,
+}
+
+impl From<&EventView> for EventReport {
+    fn from(e: &EventView) -> Self {
+        Self {
+            seq: e.seq,
+            task: e.task.clone(),
+            transition: e.transition.clone(),
+            from: e.from.clone(),
+            to: e.to.clone(),
+            attempt: e.attempt,
+            token: e.token,
+            worker: e.worker.clone(),
+            at: e.at.to_rfc3339_opts(SecondsFormat::Millis, true),
+            error: e.error.clone(),
+        }
+    }
 }
 
 /// The report of one run.
@@ -168,21 +187,7 @@ impl RunReport {
             }
         }
 
-        let events = detail
-            .events
-            .iter()
-            .map(|e| EventReport {
-                task: e.task.clone(),
-                transition: e.transition.clone(),
-                from: e.from.clone(),
-                to: e.to.clone(),
-                attempt: e.attempt,
-                token: e.token,
-                worker: e.worker.clone(),
-                at: e.at.to_rfc3339_opts(SecondsFormat::Millis, true),
-                error: e.error.clone(),
-            })
-            .collect();
+        let events = detail.events.iter().map(EventReport::from).collect();
 
         Self {
             run_id: detail.summary.id.to_string(),
@@ -239,7 +244,7 @@ impl RunReport {
 fn strip(v: &mut Value) {
     match v {
         Value::Object(map) => {
-            for key in ["run_id", "started_at", "finished_at", "at", "token", "worker"] {
+            for key in ["run_id", "started_at", "finished_at", "at", "token", "worker", "seq"] {
                 map.remove(key);
             }
             map.values_mut().for_each(strip);

@@ -8,8 +8,11 @@ use std::time::{Duration, Instant};
 
 use flowforge_domain::limits::{self, Limits, ValueKind};
 use flowforge_domain::{RunState, WorkflowDefinition};
-use flowforge_ports::store::{CancelOutcome, Notifier, Published, Topic};
-use flowforge_ports::{RunId, RunSummary, Scope, Store, WorkflowId};
+use flowforge_ports::store::{
+    CancelOutcome, DefinitionSummary, EventView, Gauges, IdempotencyKey, KeyedStart, Notifier, Published, RunQuery,
+    Topic,
+};
+use flowforge_ports::{RunId, RunSummary, Scope, Store, WorkerInfo, WorkflowId};
 use serde_json::Value;
 
 use crate::builtins::BUILTIN_TYPES;
@@ -126,8 +129,17 @@ impl<S: Store> Service<S> {
     /// content; a different definition under a published (name, version)
     /// is a conflict.
     pub async fn publish(&self, def: &WorkflowDefinition, types: &TaskTypes) -> Result<Published, Error> {
+        self.check_types(def, types).await?;
+        let published = self.store.publish_definition(def).await?;
+        self.defs.insert(published.clone());
+        Ok(published)
+    }
+
+    /// Checks that every task type of `def` is one of `types`: registered
+    /// here, or (distributed) a built-in or served by a live worker.
+    pub async fn check_types(&self, def: &WorkflowDefinition, types: &TaskTypes) -> Result<(), Error> {
         match types {
-            TaskTypes::Registered(known) => check_task_types(def, known)?,
+            TaskTypes::Registered(known) => check_task_types(def, known),
             TaskTypes::LiveWorkers => {
                 // Every worker serves the built-ins but `command`, which
                 // one serves only with `--allow-command`.
@@ -137,12 +149,9 @@ impl<S: Store> Service<S> {
                     .map(|t| (*t).to_owned())
                     .collect();
                 known.extend(self.store.live_task_types(LIVE_WORKER_WINDOW).await?);
-                check_task_types(def, &known)?;
+                check_task_types(def, &known)
             }
         }
-        let published = self.store.publish_definition(def).await?;
-        self.defs.insert(published.clone());
-        Ok(published)
     }
 
     /// Starts a run of a published definition. An input that cannot be
@@ -151,6 +160,85 @@ impl<S: Store> Service<S> {
     pub async fn start(&self, workflow: WorkflowId, input: Value) -> Result<RunId, Error> {
         limits::check_value(ValueKind::RunInput, &input, self.limits.run_input_bytes)?;
         Ok(self.store.start_run(workflow, input).await?)
+    }
+
+    /// Starts a run under a client's idempotency key: a second call with
+    /// the same key starts nothing and names the first run
+    /// ([`KeyedStart::Replayed`], or [`KeyedStart::Reused`] when its
+    /// request differed). The input is checked first, as in [`Service::start`].
+    pub async fn start_keyed(&self, workflow: WorkflowId, input: Value, key: &IdempotencyKey) -> Result<KeyedStart, Error> {
+        limits::check_value(ValueKind::RunInput, &input, self.limits.run_input_bytes)?;
+        Ok(self.store.start_run_keyed(workflow, input, key).await?)
+    }
+
+    /// The published definition `name` at `version`, or its latest version.
+    pub async fn find(&self, name: &str, version: Option<u32>) -> Result<Published, Error> {
+        let version = match version {
+            Some(v) => v,
+            None => self
+                .store
+                .list_definitions(Some(name))
+                .await?
+                .first()
+                .map(|d| d.version)
+                .ok_or_else(|| Error::WorkflowNotFound {
+                    name: name.to_owned(),
+                    version: None,
+                })?,
+        };
+        let published = self
+            .store
+            .find_definition(name, version)
+            .await?
+            .ok_or_else(|| Error::WorkflowNotFound {
+                name: name.to_owned(),
+                version: Some(version),
+            })?;
+        self.defs.insert(published.clone());
+        Ok(published)
+    }
+
+    /// The published definitions (all, or the versions of `name`), by
+    /// name then version, newest first.
+    pub async fn definitions_list(&self, name: Option<&str>) -> Result<Vec<DefinitionSummary>, Error> {
+        Ok(self.store.list_definitions(name).await?)
+    }
+
+    /// A page of runs, newest first (keyset: see [`RunQuery`]).
+    pub async fn page(&self, query: &RunQuery) -> Result<Vec<RunSummary>, Error> {
+        Ok(self.store.list_runs_page(query).await?)
+    }
+
+    /// One run's summary.
+    pub async fn summary(&self, run: RunId) -> Result<RunSummary, Error> {
+        self.store.run_summary(run).await?.ok_or(Error::RunNotFound(run))
+    }
+
+    /// The run's events after sequence number `after`, at most `limit`.
+    pub async fn events(&self, run: RunId, after: u64, limit: u32) -> Result<Vec<EventView>, Error> {
+        Ok(self.store.run_events(run, after, limit).await?)
+    }
+
+    /// Every attempt of one task of `run`, oldest first; `Ok(None)` when
+    /// the run has no such task.
+    pub async fn attempts(&self, run: RunId, task: &str) -> Result<Option<Vec<crate::attempts::Attempt>>, Error> {
+        let detail = self.store.get_run(run).await?.ok_or(Error::RunNotFound(run))?;
+        Ok(crate::attempts::attempts(&detail, task))
+    }
+
+    /// The registered workers, most recently seen first.
+    pub async fn workers(&self) -> Result<Vec<WorkerInfo>, Error> {
+        Ok(self.store.list_workers().await?)
+    }
+
+    /// Counts of active work, for gauges.
+    pub async fn gauges(&self) -> Result<Gauges, Error> {
+        Ok(self.store.gauges().await?)
+    }
+
+    /// Whether the store is reachable and migrated.
+    pub async fn ready(&self) -> Result<(), Error> {
+        Ok(self.store.ready().await?)
     }
 
     /// Requests cancellation of `run`: waiting tasks are cancelled by the

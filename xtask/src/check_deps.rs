@@ -82,6 +82,9 @@ enum Layer {
     Domain,
     Ports,
     Adapter,
+    /// An inbound (driving) adapter — the HTTP API: it calls the app's
+    /// use cases, so it sits above `app`, and no other adapter knows it.
+    Inbound,
     App,
     Bins,
     Xtask,
@@ -98,6 +101,7 @@ fn layer_of(package: &str) -> Option<Layer> {
         "flowforge-bins" => Layer::Bins,
         "flowforge-xtask" => Layer::Xtask,
         "flowforge-testkit" => Layer::Testkit,
+        "flowforge-adapters-http" => Layer::Inbound,
         p if p.starts_with("flowforge-adapters-") => Layer::Adapter,
         _ => return None,
     })
@@ -120,8 +124,9 @@ fn edge_allowed(from: Layer, to: Layer) -> bool {
         (Xtask, _) => true,
         (_, Xtask) | (Domain, _) | (Testkit, _) | (_, Testkit) => false,
         (Ports, Domain) => true,
-        (Adapter | App, Domain | Ports) => true,
-        (Bins, Domain | Ports | Adapter | App) => true,
+        (Adapter | App | Inbound, Domain | Ports) => true,
+        (Inbound, App) => true,
+        (Bins, Domain | Ports | Adapter | App | Inbound) => true,
         _ => false,
     }
 }
@@ -367,7 +372,7 @@ mod tests {
     #[test]
     fn the_layer_rules_are_the_design() {
         use Layer::*;
-        let layers = [Domain, Ports, Adapter, App, Bins, Xtask];
+        let layers = [Domain, Ports, Adapter, Inbound, App, Bins, Xtask];
         let allowed: Vec<(Layer, Layer)> = layers
             .iter()
             .flat_map(|&a| layers.iter().map(move |&b| (a, b)))
@@ -380,21 +385,28 @@ mod tests {
                 (Ports, Domain),
                 (Adapter, Domain),
                 (Adapter, Ports),
+                (Inbound, Domain),
+                (Inbound, Ports),
+                (Inbound, App),
                 (App, Domain),
                 (App, Ports),
                 (Bins, Domain),
                 (Bins, Ports),
                 (Bins, Adapter),
+                (Bins, Inbound),
                 (Bins, App),
                 (Xtask, Domain),
                 (Xtask, Ports),
                 (Xtask, Adapter),
+                (Xtask, Inbound),
                 (Xtask, App),
                 (Xtask, Bins),
                 (Xtask, Xtask),
             ]
         );
         assert!(!edge_allowed(Adapter, Adapter), "adapters never depend on each other");
+        assert!(!edge_allowed(Inbound, Adapter) && !edge_allowed(Adapter, Inbound));
+        assert_eq!(layer_of("flowforge-adapters-http"), Some(Inbound));
         assert!(dependency_allowed(App, Adapter, "dev"), "app's tests may use adapters");
         assert!(!dependency_allowed(App, Adapter, "normal"), "app's library never does");
         assert!(!dependency_allowed(App, Adapter, "build"));

@@ -75,6 +75,7 @@ fn smoke(stack: &Stack) -> Result<()> {
         "--output",
         "json",
     ]))?)?;
+    let distributed_id = distributed["run_id"].clone();
     let (distributed, embedded) = (comparable(&distributed), comparable(&embedded));
     ensure!(
         distributed == embedded,
@@ -87,12 +88,57 @@ fn smoke(stack: &Stack) -> Result<()> {
     );
 
     let t0 = Instant::now();
+    let run_id = distributed_id.as_str().unwrap_or_default();
+    the_api_serves_the_run(stack, run_id)?;
+    println!(
+        "<== the server answered for the run with a token, in {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+
+    let t0 = Instant::now();
     worker_killed_mid_run(stack)?;
     println!(
         "<== a worker killed mid-run: its task ran again elsewhere, the run succeeded, in {:.1}s",
         t0.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The `server` service answers `GET /api/v1/runs/{id}` for the run
+/// `cli` submitted, with a token `cli` created, on the port compose
+/// published (HTTP/1.0 over a plain socket: xtask links no HTTP client).
+fn the_api_serves_the_run(stack: &Stack, run_id: &str) -> Result<()> {
+    let token = stack.cli(&[], &["tokens", "create", "--name", "smoke", "--scope", "runs:read"])?;
+    let token = token.trim();
+    let port = docker::output(&mut stack.compose(&["port", "server", "8080"]))?;
+    let addr = port.trim().to_owned();
+    let request = format!(
+        "GET /api/v1/runs/{run_id} HTTP/1.0\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n\r\n"
+    );
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let answer = (|| -> std::io::Result<String> {
+            use std::io::{Read, Write};
+            let mut socket = std::net::TcpStream::connect(&addr)?;
+            socket.write_all(request.as_bytes())?;
+            let mut text = String::new();
+            socket.read_to_string(&mut text)?;
+            Ok(text)
+        })();
+        match answer {
+            Ok(text) if text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200") => {
+                ensure!(
+                    text.contains("\"state\":\"succeeded\""),
+                    "the server's report of {run_id} is not succeeded:\n{text}"
+                );
+                return Ok(());
+            }
+            other if Instant::now() >= deadline => {
+                anyhow::bail!("the server at {addr} did not answer 200 for run {run_id}: {other:?}")
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(500)),
+        }
+    }
 }
 
 /// A worker dies (SIGKILL) while running a task: the lease expires, the
@@ -198,7 +244,10 @@ impl Stack {
             .args(["--project-name", &self.project, "--env-file"])
             .arg(Path::new(".env.example"))
             .args(args)
-            .env("FLOWFORGE_LEASE_SECONDS", LEASE_SECONDS);
+            .env("FLOWFORGE_LEASE_SECONDS", LEASE_SECONDS)
+            // Any free host port: the stack must not collide with a server
+            // already listening on 8080.
+            .env("FLOWFORGE_HTTP_PORT", "0");
         command
     }
 

@@ -21,8 +21,10 @@ pub(crate) mod processes;
 pub(crate) mod progress;
 pub(crate) mod run;
 pub(crate) mod runs;
+pub(crate) mod server;
 pub(crate) mod store;
 pub(crate) mod submit;
+pub(crate) mod tokens;
 pub(crate) mod validate;
 pub(crate) mod workers;
 
@@ -172,6 +174,12 @@ pub(crate) enum Command {
     /// Registered workers.
     #[command(subcommand)]
     Workers(workers::Command),
+    /// The HTTP API (on SQLite with the engine in process: a whole
+    /// deployment). Stops gracefully on SIGTERM/SIGINT.
+    Server(server::Args),
+    /// The API's bearer tokens: create, list, revoke.
+    #[command(subcommand)]
+    Tokens(tokens::Command),
 }
 
 impl Command {
@@ -179,7 +187,7 @@ impl Command {
     /// narrate, the one-shot commands stay quiet (their output is the point).
     fn default_log_level(&self) -> &'static str {
         match self {
-            Self::Scheduler(_) | Self::Publisher(_) | Self::Worker(_) => "info",
+            Self::Scheduler(_) | Self::Publisher(_) | Self::Worker(_) | Self::Server(_) => "info",
             _ => "error",
         }
     }
@@ -205,6 +213,8 @@ async fn run_async(global: Global, command: Command) -> anyhow::Result<Exit> {
         Command::Worker(args) => processes::worker(&global, &args).await,
         Command::Submit(args) => submit::run(&global, &args).await,
         Command::Workers(cmd) => workers::run(&global, cmd).await,
+        Command::Server(args) => server::run(&global, &args).await,
+        Command::Tokens(cmd) => tokens::run(&global, cmd).await,
         Command::Validate(_) | Command::Graph(_) => unreachable!("handled without a runtime"),
     }
 }

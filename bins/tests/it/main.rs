@@ -16,6 +16,7 @@ mod poison;
 mod run;
 mod scenarios;
 mod secrets;
+mod server;
 mod validate;
 
 use std::path::{Path, PathBuf};

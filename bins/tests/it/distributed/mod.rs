@@ -15,7 +15,7 @@
 //! One file per theme; this module holds the harness, [`cluster`] runs real
 //! `flowforge` processes.
 
-mod cluster;
+pub(crate) mod cluster;
 mod containers;
 mod end_to_end;
 mod failures;

@@ -1,0 +1,115 @@
+//! Errors as RFC 9457 problem documents (`application/problem+json`),
+//! each with a stable `code` clients branch on, and the mapping from the
+//! app's errors to them.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use flowforge_app::Error;
+use flowforge_ports::PublishError;
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+
+/// A problem document.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Problem {
+    /// A URI naming the kind of problem (`about:blank` plus the code).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A short summary of the kind.
+    pub title: String,
+    /// The HTTP status.
+    pub status: u16,
+    /// What happened, for a person.
+    pub detail: String,
+    /// The stable, machine-readable code.
+    pub code: String,
+    /// More about this occurrence (errors with paths, fingerprints, …).
+    #[serde(flatten, skip_serializing_if = "serde_json::Map::is_empty")]
+    #[schema(value_type = Object)]
+    pub extra: serde_json::Map<String, Value>,
+}
+
+impl Problem {
+    /// A problem with `status`, `code` and a detail.
+    pub fn new(status: StatusCode, code: &str, detail: impl Into<String>) -> Self {
+        Self {
+            kind: format!("https://flowforge.dev/problems/{code}"),
+            title: status.canonical_reason().unwrap_or("Error").to_owned(),
+            status: status.as_u16(),
+            detail: detail.into(),
+            code: code.to_owned(),
+            extra: serde_json::Map::new(),
+        }
+    }
+
+    /// Adds a member.
+    #[must_use]
+    pub fn with(mut self, key: &str, value: Value) -> Self {
+        self.extra.insert(key.to_owned(), value);
+        self
+    }
+
+    /// 404 `not_found`.
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", detail)
+    }
+
+    /// 400 `bad_request`.
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", detail)
+    }
+
+    /// 500 `internal`: what a caller sees of a failure that is ours.
+    pub fn internal(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", detail)
+    }
+
+    fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = serde_json::to_vec(&self).unwrap_or_default();
+        let mut response = (status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"flowforge\""));
+        }
+        response
+    }
+}
+
+impl From<Error> for Problem {
+    fn from(e: Error) -> Self {
+        match &e {
+            Error::Publish(PublishError::Conflict { existing, new, .. }) => {
+                Self::new(StatusCode::CONFLICT, "definition_conflict", e.to_string())
+                    .with("existing_fingerprint", Value::from(existing.as_str()))
+                    .with("new_fingerprint", Value::from(new.as_str()))
+            }
+            Error::Publish(PublishError::LostRace { .. }) => {
+                Self::new(StatusCode::CONFLICT, "publish_race", e.to_string())
+            }
+            Error::UnknownTaskTypes { types, .. } => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_task_type", e.to_string())
+                    .with("types", Value::from(types.clone()))
+            }
+            Error::Refused(_) => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "refused_value", e.to_string()),
+            Error::RunNotFound(_) | Error::WorkflowNotFound { .. } => Self::not_found(e.to_string()),
+            Error::Load(flowforge_ports::LoadError::NotFound(_)) => Self::not_found(e.to_string()),
+            Error::TimeoutTooLong(_) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_definition", e.to_string())
+            }
+            _ if e.is_infrastructure() => {
+                tracing::error!(error = %e, "request failed on the infrastructure");
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.to_string())
+            }
+            _ => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", e.to_string()),
+        }
+    }
+}

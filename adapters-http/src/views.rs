@@ -1,0 +1,310 @@
+//! The JSON bodies the API returns, with their OpenAPI schemas.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use flowforge_app::RunReport;
+use flowforge_ports::store::{DefinitionSummary, EventView, Published, RunSummary};
+use flowforge_ports::WorkerInfo;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+pub(crate) fn time(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+/// A definition without its tasks.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DefinitionItem {
+    /// Workflow name.
+    pub name: String,
+    /// Version.
+    pub version: u32,
+    /// SHA-256 of its canonical form.
+    pub fingerprint: String,
+    /// Task count (compensators included).
+    pub tasks: u32,
+    /// First published (RFC 3339).
+    pub created_at: String,
+}
+
+impl From<&DefinitionSummary> for DefinitionItem {
+    fn from(d: &DefinitionSummary) -> Self {
+        Self {
+            name: d.name.clone(),
+            version: d.version,
+            fingerprint: d.fingerprint.clone(),
+            tasks: d.tasks,
+            created_at: time(d.created_at),
+        }
+    }
+}
+
+/// A list of definitions.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DefinitionList {
+    /// By name, then version (newest first).
+    pub items: Vec<DefinitionItem>,
+}
+
+/// One published definition.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DefinitionBody {
+    /// Workflow name.
+    pub name: String,
+    /// Version.
+    pub version: u32,
+    /// SHA-256 of its canonical form.
+    pub fingerprint: String,
+    /// First published (RFC 3339).
+    pub created_at: String,
+    /// Forward tasks by dependency level (level 0 first).
+    pub levels: Vec<Vec<String>>,
+    /// The definition as published (normalised).
+    #[schema(value_type = Object)]
+    pub definition: Value,
+}
+
+impl From<&Published> for DefinitionBody {
+    fn from(p: &Published) -> Self {
+        let def = &p.definition;
+        Self {
+            name: def.name().to_owned(),
+            version: def.version(),
+            fingerprint: p.fingerprint.clone(),
+            created_at: time(p.created_at),
+            levels: def
+                .graph()
+                .levels()
+                .into_iter()
+                .map(|level| level.into_iter().map(str::to_owned).collect())
+                .collect(),
+            definition: serde_json::to_value(def.document()).unwrap_or(Value::Null),
+        }
+    }
+}
+
+/// What `POST /runs` takes.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartRun {
+    /// The workflow's name.
+    pub workflow: String,
+    /// Its version (default: the latest published).
+    #[serde(default)]
+    pub version: Option<u32>,
+    /// The run input (default `{}`).
+    #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
+    pub input: Value,
+}
+
+fn empty_object() -> Value {
+    Value::Object(serde_json::Map::new())
+}
+
+/// A run in a listing (no inputs or outputs).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RunItem {
+    /// Run id.
+    pub id: String,
+    /// Workflow name.
+    pub workflow: String,
+    /// Workflow version.
+    pub version: u32,
+    /// `pending`, `running`, `succeeded`, `failed` or `cancelled`.
+    pub state: String,
+    /// Whether a cancel was requested.
+    pub cancel_requested: bool,
+    /// Created (RFC 3339).
+    pub created_at: String,
+    /// Moved to running.
+    pub started_at: Option<String>,
+    /// Ended.
+    pub finished_at: Option<String>,
+}
+
+impl From<&RunSummary> for RunItem {
+    fn from(r: &RunSummary) -> Self {
+        Self {
+            id: r.id.to_string(),
+            workflow: r.workflow.clone(),
+            version: r.version,
+            state: r.state.to_string(),
+            cancel_requested: r.cancel_requested,
+            created_at: time(r.created_at),
+            started_at: r.started_at.map(time),
+            finished_at: r.finished_at.map(time),
+        }
+    }
+}
+
+/// A page of runs.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunPage {
+    /// Newest first.
+    pub items: Vec<RunItem>,
+    /// Pass as `cursor` for the next page; `null` on the last.
+    pub next_cursor: Option<String>,
+}
+
+/// A started run, as it was created: the same body answers a replay.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Started {
+    /// Run id.
+    pub id: String,
+    /// Workflow name.
+    pub workflow: String,
+    /// Workflow version.
+    pub version: u32,
+    /// Created (RFC 3339).
+    pub created_at: String,
+    /// Where to read it.
+    pub links: Links,
+}
+
+/// Where to follow a run.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Links {
+    /// The run report.
+    pub run: String,
+    /// Its event stream.
+    pub events: String,
+}
+
+impl Started {
+    pub(crate) fn of(run: &RunSummary) -> Self {
+        Self {
+            id: run.id.to_string(),
+            workflow: run.workflow.clone(),
+            version: run.version,
+            created_at: time(run.created_at),
+            links: Links {
+                run: format!("/api/v1/runs/{}", run.id),
+                events: format!("/api/v1/runs/{}/events", run.id),
+            },
+        }
+    }
+}
+
+/// The run report (the same JSON as `flowforge runs get --output json`).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(value_type = Object)]
+pub struct Report(pub RunReport);
+
+/// A cancel request's answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CancelAccepted {
+    /// Run id.
+    pub id: String,
+    /// `requested` or `already_requested`.
+    pub cancel: &'static str,
+}
+
+/// One event of a run's history.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Event {
+    /// 1, 2, 3, … in commit order.
+    pub seq: u64,
+    /// Task key (`null`: the run's own transition).
+    pub task: Option<String>,
+    /// Transition name, or `stale_write_rejected`.
+    pub transition: String,
+    /// Source state.
+    pub from: Option<String>,
+    /// Target state.
+    pub to: Option<String>,
+    /// Attempt.
+    pub attempt: Option<u32>,
+    /// Fencing token.
+    pub token: Option<i64>,
+    /// Worker.
+    pub worker: Option<String>,
+    /// When (RFC 3339).
+    pub at: String,
+    /// Error recorded with it.
+    pub error: Option<String>,
+}
+
+impl From<&EventView> for Event {
+    fn from(e: &EventView) -> Self {
+        Self {
+            seq: e.seq,
+            task: e.task.clone(),
+            transition: e.transition.clone(),
+            from: e.from.clone(),
+            to: e.to.clone(),
+            attempt: e.attempt,
+            token: e.token,
+            worker: e.worker.clone(),
+            at: time(e.at),
+            error: e.error.clone(),
+        }
+    }
+}
+
+/// A long-poll answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventBatch {
+    /// The events after `after`, ascending.
+    pub events: Vec<Event>,
+    /// Ask again with this as `after`.
+    pub last_seq: u64,
+    /// The run has ended and every event up to its end is in `events` or
+    /// was before `after`.
+    pub finished: bool,
+}
+
+/// One attempt of a task.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(value_type = Object)]
+pub struct AttemptBody(pub flowforge_app::attempts::Attempt);
+
+/// A task's attempts.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AttemptList {
+    /// Oldest first; none hidden.
+    pub items: Vec<AttemptBody>,
+}
+
+/// A registered worker.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkerItem {
+    /// Its id.
+    pub id: String,
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+    /// Task types it serves.
+    pub task_types: Vec<String>,
+    /// Slots.
+    pub concurrency: u32,
+    /// First registration.
+    pub started_at: String,
+    /// Last heartbeat.
+    pub last_seen_at: String,
+    /// Set after a graceful stop.
+    pub stopped_at: Option<String>,
+}
+
+impl From<&WorkerInfo> for WorkerItem {
+    fn from(w: &WorkerInfo) -> Self {
+        Self {
+            id: w.id.to_string(),
+            host: w.host.clone(),
+            pid: w.pid,
+            task_types: w.task_types.clone(),
+            concurrency: w.concurrency,
+            started_at: time(w.started_at),
+            last_seen_at: time(w.last_seen_at),
+            stopped_at: w.stopped_at.map(time),
+        }
+    }
+}
+
+/// The registered workers.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkerList {
+    /// Most recently seen first.
+    pub items: Vec<WorkerItem>,
+}

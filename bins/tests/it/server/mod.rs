@@ -1,0 +1,303 @@
+//! `flowforge server` end to end (docs/design/server.md): a real server
+//! process driven with reqwest, every test on SQLite (the server runs the
+//! engine in process) and on PostgreSQL (the server beside separate
+//! scheduler, publisher and worker processes).
+
+mod api;
+mod auth;
+mod events;
+mod runs;
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use crate::Outcome;
+use crate::distributed::cluster::Cluster;
+
+/// How long a test waits for a run or the server.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(90);
+
+/// A server under test, its store, and an admin token.
+pub(crate) struct Api {
+    /// `http://127.0.0.1:PORT`.
+    pub(crate) base: String,
+    pub(crate) http: reqwest::Client,
+    /// A token with every scope.
+    pub(crate) admin: String,
+    server: Child,
+    stderr: PathBuf,
+    db_url: String,
+    dir: PathBuf,
+    // Dropped after the server: the PostgreSQL loops, database and queue.
+    cluster: Option<Cluster>,
+    _tmp: Option<TempDir>,
+}
+
+/// Which store a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum On {
+    Sqlite,
+    Postgres,
+}
+
+impl Api {
+    /// A server on `on` with `extra` arguments; `None` (after a notice)
+    /// when PostgreSQL or RabbitMQ is absent and not required.
+    pub(crate) async fn start(on: On, test: &str, extra: &[&str]) -> Option<Self> {
+        let (cluster, tmp, db_url, dir) = match on {
+            On::Sqlite => {
+                let tmp = tempfile::Builder::new()
+                    .prefix(&format!("ff-api-{test}-"))
+                    .tempdir()
+                    .expect("a temp folder");
+                let url = format!("sqlite://{}", tmp.path().join("ff.db").display());
+                let dir = tmp.path().to_path_buf();
+                (None, Some(tmp), url, dir)
+            }
+            On::Postgres => {
+                let mut cluster = Cluster::migrated(test).await?;
+                cluster.spawn("scheduler", ["scheduler"]);
+                cluster.spawn("publisher", ["publisher"]);
+                cluster.spawn("worker", ["worker", "--concurrency", "4"]);
+                let url = cluster.db.url.clone();
+                let dir = cluster.dir().to_path_buf();
+                (Some(cluster), None, url, dir)
+            }
+        };
+        let stderr = dir.join("server.stderr.log");
+        let mut args = vec!["server", "--listen", "127.0.0.1:0", "--concurrency", "4"];
+        if on == On::Postgres {
+            args.truncate(3);
+        }
+        args.extend_from_slice(extra);
+        let server = Self::command_in(cluster.as_ref(), &db_url, &dir, &args)
+            .stdout(Stdio::null())
+            .stderr(File::create(&stderr).expect("a log file"))
+            .spawn()
+            .expect("spawn flowforge server");
+        let mut api = Self {
+            base: String::new(),
+            http: reqwest::Client::new(),
+            admin: String::new(),
+            server,
+            stderr,
+            db_url,
+            dir,
+            cluster,
+            _tmp: tmp,
+        };
+        api.base = api.wait_listening().await;
+        api.admin = api.token("admin", &["admin"]);
+        Some(api)
+    }
+
+    fn command_in(cluster: Option<&Cluster>, db_url: &str, dir: &std::path::Path, args: &[&str]) -> Command {
+        match cluster {
+            Some(c) => c.command(args),
+            None => {
+                let mut cmd = Command::new(env!("CARGO_BIN_EXE_flowforge"));
+                for (key, _) in std::env::vars_os() {
+                    if key.to_string_lossy().starts_with("FLOWFORGE_") {
+                        cmd.env_remove(key);
+                    }
+                }
+                cmd.current_dir(dir)
+                    .args(args)
+                    .env("FLOWFORGE_DB", db_url)
+                    .env("NO_COLOR", "1")
+                    .env_remove("RUST_LOG")
+                    .stdin(Stdio::null());
+                cmd
+            }
+        }
+    }
+
+    async fn wait_listening(&mut self) -> String {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let log = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+            if let Some(rest) = log.split("flowforge server listening on ").nth(1) {
+                return rest.lines().next().unwrap_or_default().trim().to_owned();
+            }
+            if let Some(status) = self.server.try_wait().expect("try_wait") {
+                panic!("the server exited ({status}) before listening:\n{log}");
+            }
+            assert!(Instant::now() < deadline, "the server did not listen within {PATIENCE:?}:\n{log}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `flowforge ARGS…` on the server's store.
+    pub(crate) fn cli<I, S>(&self, args: I) -> Outcome
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let args: Vec<String> = args.into_iter().map(|a| a.as_ref().to_string_lossy().into_owned()).collect();
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let output = Self::command_in(self.cluster.as_ref(), &self.db_url, &self.dir, &refs)
+            .output()
+            .expect("flowforge runs");
+        Outcome {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// A new token's secret.
+    pub(crate) fn token(&self, name: &str, scopes: &[&str]) -> String {
+        let mut args = vec!["tokens", "create", "--name", name];
+        for s in scopes {
+            args.extend(["--scope", s]);
+        }
+        let out = self.cli(&args);
+        assert_eq!(out.code, 0, "tokens create: {out:?}");
+        out.stdout.trim().to_owned()
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// A request with the admin token.
+    pub(crate) fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        self.http.get(self.url(path)).bearer_auth(&self.admin)
+    }
+
+    pub(crate) fn post(&self, path: &str, body: &Value) -> reqwest::RequestBuilder {
+        self.http.post(self.url(path)).bearer_auth(&self.admin).json(body)
+    }
+
+    /// GET as JSON with the admin token, asserting the status.
+    pub(crate) async fn get_json(&self, path: &str, status: u16) -> Value {
+        let response = self.get(path).send().await.expect("the server answers");
+        json_of(response, status).await
+    }
+
+    /// Publishes `def`; returns the response body.
+    pub(crate) async fn publish(&self, def: &Value) -> Value {
+        let response = self.post("/api/v1/definitions", def).send().await.expect("answers");
+        let status = response.status().as_u16();
+        assert!(status == 201 || status == 200, "publish: {status}");
+        response.json().await.expect("JSON")
+    }
+
+    /// Starts a run of `workflow`; returns its id.
+    pub(crate) async fn start_run(&self, workflow: &str, input: Value) -> String {
+        let response = self
+            .post("/api/v1/runs", &json!({"workflow": workflow, "input": input}))
+            .send()
+            .await
+            .expect("answers");
+        let body = json_of(response, 201).await;
+        body["id"].as_str().expect("an id").to_owned()
+    }
+
+    /// Waits until the run is terminal; returns its report.
+    pub(crate) async fn wait_run(&self, id: &str) -> Value {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let report = self.get_json(&format!("/api/v1/runs/{id}"), 200).await;
+            if matches!(report["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
+                return report;
+            }
+            assert!(Instant::now() < deadline, "run {id} did not end: {report:#}\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGTERM to the server's own pid.
+    pub(crate) fn sigterm(&self) {
+        let pid = i32::try_from(self.server.id()).expect("a pid");
+        assert!(pid > 1);
+        kill(Pid::from_raw(pid), Signal::SIGTERM).expect("signal the server");
+    }
+
+    /// Waits for the server to exit; its exit code.
+    pub(crate) async fn wait_exit(&mut self) -> i32 {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.server.try_wait().expect("try_wait") {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(Instant::now() < deadline, "the server did not exit:\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub(crate) fn logs(&self) -> String {
+        let mut text = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        if let Some(c) = &self.cluster {
+            text.push_str(&c.logs());
+        }
+        text
+    }
+}
+
+impl Drop for Api {
+    #[allow(clippy::print_stderr)] // shown by the harness only when the test fails
+    fn drop(&mut self) {
+        if matches!(self.server.try_wait(), Ok(None)) {
+            let _ = self.server.kill();
+            let _ = self.server.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("the server's log:\n{}", std::fs::read_to_string(&self.stderr).unwrap_or_default());
+        }
+    }
+}
+
+/// The body as JSON after asserting the status.
+pub(crate) async fn json_of(response: reqwest::Response, status: u16) -> Value {
+    let got = response.status().as_u16();
+    let text = response.text().await.expect("a body");
+    assert_eq!(got, status, "unexpected status; body: {text}");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// A definition of `name` whose tasks are `tasks` (`[key, type, deps, config]`).
+pub(crate) fn definition(name: &str, version: u32, tasks: &[(&str, &str, &[&str], Value)]) -> Value {
+    json!({
+        "name": name,
+        "version": version,
+        "tasks": tasks.iter().map(|(key, kind, deps, config)| json!({
+            "key": key, "task_type": kind, "depends_on": deps, "config": config
+        })).collect::<Vec<_>>()
+    })
+}
+
+/// Runs `$body` (an async block using `api`) once on each store.
+macro_rules! on_both {
+    ($(#[$meta:meta])* $name:ident, $extra:expr, |$api:ident| $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            async fn body($api: $crate::server::Api) $body
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                let api = $crate::server::Api::start($crate::server::On::Sqlite, stringify!($name), $extra)
+                    .await
+                    .expect("SQLite needs no service");
+                body(api).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                if let Some(api) = $crate::server::Api::start($crate::server::On::Postgres, stringify!($name), $extra).await {
+                    body(api).await;
+                }
+            }
+        }
+    };
+}
+pub(crate) use on_both;
