@@ -17,7 +17,6 @@ use std::time::Duration;
 
 pub use auth::AuthMode;
 pub use backend::{Backend, ServiceBackend};
-pub use metrics::MetricsObserver;
 pub use problem::Problem;
 pub use routes::{PREFIX, openapi, router};
 pub use state::{ApiConfig, ApiState};

@@ -1,5 +1,6 @@
-//! Prometheus metrics: the recorder, the HTTP middleware, the observer
-//! that counts runs and attempts, and the gauges read from the store.
+//! Prometheus metrics: the recorder, the HTTP middleware, the gauges read
+//! from the store, and a bare `/metrics` listener for the processes that
+//! serve no API (the loops count through the `metrics` facade in `app`).
 //! Labels are only workflow, task type, queue, outcome, route and status
 //! — never a run id, so the series stay few (docs/design/server.md#metrics).
 
@@ -9,7 +10,6 @@ use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::Response;
 use flowforge_ports::store::Gauges;
-use flowforge_ports::{Observer, RunEvent, TaskEvent};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// Installs the process-wide recorder (once; later calls get the same
@@ -29,9 +29,13 @@ pub fn install() -> Result<PrometheusHandle, String> {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
-    describe_counter!("flowforge_runs_started_total", "Runs started through this process");
-    describe_counter!("flowforge_runs_finished_total", "Runs that reached a terminal state, by state");
-    describe_counter!("flowforge_task_attempts_total", "Task attempts that ended, by outcome");
+    describe_counter!("flowforge_runs_started_total", "Runs started by this process");
+    describe_counter!("flowforge_runs_finished_total", "Runs this process settled, by state");
+    describe_counter!("flowforge_task_attempts_total", "Task attempts this process ended, by outcome");
+    describe_histogram!("flowforge_task_duration_seconds", metrics::Unit::Seconds, "From claim to stored outcome");
+    describe_counter!("flowforge_leases_reaped_total", "Expired leases taken back");
+    describe_counter!("flowforge_stale_writes_rejected_total", "Outcomes refused for a stale fencing token");
+    describe_gauge!("flowforge_worker_slots", "Worker slots, total and busy");
     describe_gauge!("flowforge_queue_depth", "Task runs ready and waiting for a worker");
     describe_gauge!("flowforge_tasks_running", "Task runs holding a lease");
     describe_gauge!("flowforge_outbox_unpublished", "Outbox rows not yet published");
@@ -70,45 +74,22 @@ pub(crate) async fn track(request: Request, next: Next) -> Response {
     response
 }
 
-/// Counts starts through the API.
-pub(crate) fn run_started(workflow: &str) {
-    metrics::counter!("flowforge_runs_started_total", "workflow" => workflow.to_owned()).increment(1);
-}
-
-/// Counts finished runs and ended attempts as the engine's loops report them.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct MetricsObserver;
-
-impl MetricsObserver {
-    fn attempt(event: &TaskEvent, outcome: &'static str) {
-        metrics::counter!(
-            "flowforge_task_attempts_total",
-            "task_type" => event.task_type.clone(),
-            "outcome" => outcome
-        )
-        .increment(1);
-    }
-}
-
-impl Observer for MetricsObserver {
-    fn on_task_succeeded(&self, event: &TaskEvent) {
-        Self::attempt(event, "succeeded");
-    }
-
-    fn on_task_failed(&self, event: &TaskEvent) {
-        Self::attempt(event, "failed");
-    }
-
-    fn on_task_retry(&self, event: &TaskEvent) {
-        Self::attempt(event, "retried");
-    }
-
-    fn on_workflow_done(&self, event: &RunEvent) {
-        metrics::counter!(
-            "flowforge_runs_finished_total",
-            "workflow" => event.workflow.clone(),
-            "state" => event.state.to_string()
-        )
-        .increment(1);
-    }
+/// Serves only `GET /metrics` (no token: bind it where only the scraper
+/// reaches) on `listener` until `shutdown`.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    handle: PrometheusHandle,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<(), crate::Error> {
+    let router = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let handle = handle.clone();
+            async move { handle.render() }
+        }),
+    );
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+        .map_err(crate::Error::Serve)
 }

@@ -11,6 +11,7 @@ pub mod cache;
 pub mod command;
 pub mod engine;
 pub mod error;
+mod metrics;
 pub mod observers;
 pub mod process;
 pub mod publisher;

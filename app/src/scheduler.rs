@@ -117,6 +117,7 @@ impl<S: Store> Scheduler<S> {
             Vec::new()
         };
         report.reaped = reaped.len();
+        crate::metrics::leases_reaped(reaped.len());
         for r in &reaped {
             tracing::warn!(
                 run_id = %r.run_id, task_key = %r.task_key, attempt = r.attempt, token = r.token,
@@ -289,6 +290,7 @@ impl<S: Store> Scheduler<S> {
         {
             outcome.settled = Some(state);
             tracing::info!(run_id = %run, workflow = def.name(), %state, "run finished");
+            crate::metrics::run_finished(def.name(), state, None);
             self.observers.workflow_done(&RunEvent {
                 run_id: run,
                 workflow: def.name().to_owned(),

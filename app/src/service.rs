@@ -159,7 +159,9 @@ impl<S: Store> Service<S> {
     /// ([`Error::Refused`]) before anything is written.
     pub async fn start(&self, workflow: WorkflowId, input: Value) -> Result<RunId, Error> {
         limits::check_value(ValueKind::RunInput, &input, self.limits.run_input_bytes)?;
-        Ok(self.store.start_run(workflow, input).await?)
+        let run = self.store.start_run(workflow, input).await?;
+        self.count_start(workflow).await;
+        Ok(run)
     }
 
     /// Starts a run under a client's idempotency key: a second call with
@@ -168,7 +170,19 @@ impl<S: Store> Service<S> {
     /// request differed). The input is checked first, as in [`Service::start`].
     pub async fn start_keyed(&self, workflow: WorkflowId, input: Value, key: &IdempotencyKey) -> Result<KeyedStart, Error> {
         limits::check_value(ValueKind::RunInput, &input, self.limits.run_input_bytes)?;
-        Ok(self.store.start_run_keyed(workflow, input, key).await?)
+        let started = self.store.start_run_keyed(workflow, input, key).await?;
+        if matches!(started, KeyedStart::Started(_)) {
+            self.count_start(workflow).await;
+        }
+        Ok(started)
+    }
+
+    /// Counts a start under its workflow's name (from the cache: the
+    /// definition was just read to start the run).
+    async fn count_start(&self, workflow: WorkflowId) {
+        if let Ok(published) = self.defs.get(workflow).await {
+            crate::metrics::run_started(published.definition.name());
+        }
     }
 
     /// The published definition `name` at `version`, or its latest version.

@@ -212,6 +212,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
         // cleanly, and whoever watches them could take that clean end for
         // the failure before the worker reports its own.
         let shutdown = shutdown.child_token();
+        crate::metrics::slots_total(self.config.concurrency);
         let mut slots = JoinSet::new();
         for slot in 0..self.config.concurrency {
             let me = Arc::clone(&self);
@@ -353,9 +354,13 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             tracing::Span::current()
                 .record("attempt", claim.attempt)
                 .record("token", claim.token);
+            crate::metrics::slot_busy(1.0);
             let (outcome, event) = self.attempt(&claim, asked).await;
-            match self.finish(&claim, outcome).await {
+            let finished = self.finish(&claim, outcome).await;
+            crate::metrics::slot_busy(-1.0);
+            match finished {
                 Ok(result) => {
+                    crate::metrics::attempt_finished(&d.task_type, result, asked.elapsed());
                     self.report(result, event);
                     delivery.ack().await?;
                     Ok(Handled::Finished(result))

@@ -71,10 +71,7 @@ pub(crate) async fn start(State(state): State<ApiState>, headers: HeaderMap, raw
     let published = backend.find(&request.workflow, request.version).await?;
     backend.check_types(&published.definition).await?;
     let (status, run) = match backend.start(published.id, request.input, key).await? {
-        KeyedStart::Started(run) => {
-            crate::metrics::run_started(published.definition.name());
-            (StatusCode::CREATED, run)
-        }
+        KeyedStart::Started(run) => (StatusCode::CREATED, run),
         KeyedStart::Replayed(run) => (StatusCode::OK, run),
         KeyedStart::Reused(run) => {
             return Err(Problem::new(

@@ -20,13 +20,46 @@ use super::common::{host, interrupted};
 use super::store::with_store;
 use super::{Exit, Global, fail};
 
+/// Where a process serves its Prometheus metrics.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct MetricsArgs {
+    /// Serve `GET /metrics` (Prometheus text, no token) on this address.
+    #[arg(long, env = "FLOWFORGE_METRICS_LISTEN", value_name = "ADDR")]
+    pub(crate) metrics_listen: Option<std::net::SocketAddr>,
+}
+
+impl MetricsArgs {
+    /// Starts the metrics listener when asked; it stops with `shutdown`.
+    pub(crate) async fn expose(&self, shutdown: &CancellationToken) -> anyhow::Result<()> {
+        let Some(addr) = self.metrics_listen else {
+            return Ok(());
+        };
+        let handle = flowforge_adapters_http::metrics::install().map_err(anyhow::Error::msg)?;
+        let listener = flowforge_adapters_http::bind(addr).await?;
+        tracing::info!(listen = %listener.local_addr()?, "serving /metrics");
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            if let Err(e) = flowforge_adapters_http::metrics::serve_metrics(listener, handle, shutdown).await {
+                tracing::error!(error = %e, "the metrics listener failed");
+            }
+        });
+        Ok(())
+    }
+}
+
 /// Arguments of `flowforge scheduler`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct SchedulerArgs {}
+pub(crate) struct SchedulerArgs {
+    #[command(flatten)]
+    pub(crate) metrics: MetricsArgs,
+}
 
 /// Arguments of `flowforge publisher`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct PublisherArgs {}
+pub(crate) struct PublisherArgs {
+    #[command(flatten)]
+    pub(crate) metrics: MetricsArgs,
+}
 
 /// Arguments of `flowforge worker`.
 #[derive(Debug, clap::Args)]
@@ -38,10 +71,12 @@ pub(crate) struct WorkerArgs {
     /// default: a worker runs only what its operator allows.
     #[arg(long)]
     pub(crate) allow_command: bool,
+    #[command(flatten)]
+    pub(crate) metrics: MetricsArgs,
 }
 
 /// A token cancelled at the first SIGTERM or SIGINT.
-fn shutdown_on_signal() -> CancellationToken {
+pub(crate) fn shutdown_on_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let trigger = token.clone();
     tokio::spawn(async move {
@@ -67,7 +102,9 @@ fn finished(result: Result<(), flowforge::Error>) -> Exit {
 }
 
 /// `flowforge scheduler`.
-pub(crate) async fn scheduler(global: &Global, _args: &SchedulerArgs) -> anyhow::Result<Exit> {
+pub(crate) async fn scheduler(global: &Global, args: &SchedulerArgs) -> anyhow::Result<Exit> {
+    let shutdown = shutdown_on_signal();
+    args.metrics.expose(&shutdown).await?;
     with_store!(global, |store| {
         let scheduler = Scheduler::new(
             store.clone(),
@@ -76,12 +113,14 @@ pub(crate) async fn scheduler(global: &Global, _args: &SchedulerArgs) -> anyhow:
             SchedulerConfig::default(),
         );
         tracing::info!("scheduler started");
-        Ok(finished(scheduler.run(shutdown_on_signal()).await))
+        Ok(finished(scheduler.run(shutdown).await))
     })
 }
 
 /// `flowforge publisher`.
-pub(crate) async fn publisher(global: &Global, _args: &PublisherArgs) -> anyhow::Result<Exit> {
+pub(crate) async fn publisher(global: &Global, args: &PublisherArgs) -> anyhow::Result<Exit> {
+    let shutdown = shutdown_on_signal();
+    args.metrics.expose(&shutdown).await?;
     let queue = match RabbitPublisher::new(rabbit(global)) {
         Ok(q) => q,
         Err(e) => {
@@ -92,7 +131,7 @@ pub(crate) async fn publisher(global: &Global, _args: &PublisherArgs) -> anyhow:
     with_store!(global, |store| {
         let publisher = OutboxPublisher::new(store, queue, PublisherConfig::default());
         tracing::info!(queue = %global.queue, "outbox publisher started");
-        Ok(finished(publisher.run(shutdown_on_signal()).await))
+        Ok(finished(publisher.run(shutdown).await))
     })
 }
 
@@ -160,7 +199,9 @@ async fn serve_worker<S: Store>(
     ));
     tracing::info!(worker = %registration.id, concurrency, queue = %global.queue, "worker started");
     let every = global.lease() / 3;
+    let shutdown = shutdown_on_signal();
+    args.metrics.expose(&shutdown).await?;
     Ok(finished(
-        run_registered(worker, store, registration, every, shutdown_on_signal()).await,
+        run_registered(worker, store, registration, every, shutdown).await,
     ))
 }

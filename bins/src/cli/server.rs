@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowforge::{BuiltinOptions, Embedded};
-use flowforge_adapters_http::{ApiConfig, ApiState, AuthMode, MetricsObserver, ServiceBackend};
+use flowforge_adapters_http::{ApiConfig, ApiState, AuthMode, ServiceBackend};
 use flowforge_app::{Service, TaskTypes};
 use flowforge_ports::{Scope, Store, WorkerId};
 use tokio_util::sync::CancellationToken;
@@ -47,6 +47,8 @@ pub(crate) struct Args {
     /// SQLite: allow `command` tasks, which run programs on this host.
     #[arg(long)]
     pub(crate) allow_command: bool,
+    #[command(flatten)]
+    pub(crate) metrics: super::processes::MetricsArgs,
 }
 
 /// `flowforge server`.
@@ -71,6 +73,7 @@ pub(crate) async fn run(global: &Global, args: &Args) -> anyhow::Result<Exit> {
 async fn serve<S: Store>(store: S, global: &Global, args: &Args, embedded: bool) -> anyhow::Result<Exit> {
     let metrics = flowforge_adapters_http::metrics::install().map_err(anyhow::Error::msg)?;
     let shutdown = CancellationToken::new();
+    args.metrics.expose(&shutdown).await?;
     let config = ApiConfig {
         auth: if args.no_auth { AuthMode::Disabled } else { AuthMode::Tokens },
         metrics_open: args.metrics_open,
@@ -84,7 +87,6 @@ async fn serve<S: Store>(store: S, global: &Global, args: &Args, embedded: bool)
             .lease(global.lease())
             .limits(global.limits())
             .worker_id(WorkerId(format!("server:{}:{}", host(), std::process::id())))
-            .observer(Arc::new(MetricsObserver))
             .builtins(Some(BuiltinOptions {
                 allow_command: args.allow_command,
                 base_dir: std::env::current_dir()?,

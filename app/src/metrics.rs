@@ -1,0 +1,69 @@
+//! What the loops and use cases count, through the `metrics` facade (a
+//! process without a recorder pays next to nothing). Labels are only
+//! workflow, task type and outcome — never a run id
+//! (docs/design/server.md#metrics).
+
+use std::time::Duration;
+
+use flowforge_domain::RunState;
+use flowforge_ports::FinishResult;
+use flowforge_domain::TaskRunState;
+
+/// A run started.
+pub(crate) fn run_started(workflow: &str) {
+    metrics::counter!("flowforge_runs_started_total", "workflow" => workflow.to_owned()).increment(1);
+}
+
+/// A run reached `state`, `took` after it started.
+pub(crate) fn run_finished(workflow: &str, state: RunState, took: Option<Duration>) {
+    metrics::counter!(
+        "flowforge_runs_finished_total",
+        "workflow" => workflow.to_owned(),
+        "state" => state.to_string()
+    )
+    .increment(1);
+    if let Some(took) = took {
+        metrics::histogram!("flowforge_run_duration_seconds", "workflow" => workflow.to_owned())
+            .record(took.as_secs_f64());
+    }
+}
+
+/// An attempt ended and its outcome was presented to the store.
+pub(crate) fn attempt_finished(task_type: &str, result: FinishResult, took: Duration) {
+    let outcome = match result {
+        FinishResult::Recorded(TaskRunState::Succeeded) => "succeeded",
+        FinishResult::Recorded(TaskRunState::Retrying) => "retried",
+        FinishResult::Recorded(TaskRunState::Failed) => "failed",
+        FinishResult::Recorded(_) => "cancelled",
+        FinishResult::Stale => {
+            metrics::counter!("flowforge_stale_writes_rejected_total").increment(1);
+            "stale"
+        }
+    };
+    metrics::counter!(
+        "flowforge_task_attempts_total",
+        "task_type" => task_type.to_owned(),
+        "outcome" => outcome
+    )
+    .increment(1);
+    metrics::histogram!("flowforge_task_duration_seconds", "task_type" => task_type.to_owned())
+        .record(took.as_secs_f64());
+}
+
+/// Leases the reaper took back.
+pub(crate) fn leases_reaped(n: usize) {
+    if n > 0 {
+        metrics::counter!("flowforge_leases_reaped_total").increment(n as u64);
+    }
+}
+
+/// A worker slot started (`+1`) or stopped (`-1`) running an attempt.
+pub(crate) fn slot_busy(delta: f64) {
+    metrics::gauge!("flowforge_worker_slots", "state" => "busy").increment(delta);
+}
+
+/// How many slots a worker has.
+pub(crate) fn slots_total(n: usize) {
+    #[allow(clippy::cast_precision_loss)] // slots are at most 1024
+    metrics::gauge!("flowforge_worker_slots", "state" => "total").set(n as f64);
+}
