@@ -19,6 +19,7 @@ pub mod registry;
 pub mod report;
 pub mod scheduler;
 pub mod service;
+pub mod telemetry;
 pub mod tokens;
 pub mod worker;
 

@@ -355,8 +355,19 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 .record("attempt", claim.attempt)
                 .record("token", claim.token);
             crate::metrics::slot_busy(1.0);
-            let (outcome, event) = self.attempt(&claim, asked).await;
-            let finished = self.finish(&claim, outcome).await;
+            // One span per attempt, in its run's trace
+            // (docs/design/server.md#traces).
+            let execute = tracing::info_span!(
+                "flowforge.task.execute",
+                run_id = %claim.run_id,
+                task_key = %claim.task_key,
+                attempt = claim.attempt,
+                token = claim.token,
+                worker = %self.config.id,
+            );
+            crate::telemetry::link(&execute, claim.run_id);
+            let (outcome, event) = self.attempt(&claim, asked).instrument(execute.clone()).await;
+            let finished = self.finish(&claim, outcome).instrument(execute).await;
             crate::metrics::slot_busy(-1.0);
             match finished {
                 Ok(result) => {

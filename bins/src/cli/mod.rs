@@ -24,6 +24,7 @@ pub(crate) mod runs;
 pub(crate) mod server;
 pub(crate) mod store;
 pub(crate) mod submit;
+pub(crate) mod telemetry;
 pub(crate) mod tokens;
 pub(crate) mod validate;
 pub(crate) mod workers;
@@ -108,6 +109,10 @@ pub(crate) struct Global {
     /// Log line format (logs go to stderr; `RUST_LOG` sets the level).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
+    /// Export traces over OTLP/HTTP to this collector (`/v1/traces` is
+    /// added to a bare `http://host:4318`).
+    #[arg(long, global = true, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub(crate) otlp_endpoint: Option<String>,
 }
 
 impl Global {
@@ -195,7 +200,12 @@ impl Command {
 
 /// Runs the parsed command line.
 pub(crate) fn run(cli: Cli) -> anyhow::Result<Exit> {
-    init_logging(cli.global.log_format, cli.command.default_log_level());
+    // Dropped last: flushes the spans once the command is done.
+    let _telemetry = telemetry::init(
+        cli.global.log_format,
+        cli.command.default_log_level(),
+        cli.global.otlp_endpoint.as_deref(),
+    )?;
     match cli.command {
         Command::Validate(args) => validate::run(&args),
         Command::Graph(args) => graph::run(&args),
@@ -221,20 +231,6 @@ async fn run_async(global: Global, command: Command) -> anyhow::Result<Exit> {
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
-}
-
-fn init_logging(format: LogFormat, default_level: &str) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(io::stderr)
-        .with_ansi(io::IsTerminal::is_terminal(&io::stderr()) && std::env::var_os("NO_COLOR").is_none());
-    // A second initialisation (tests calling `run` twice) is harmless.
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
 }
 
 /// Reports an application error on stderr and picks its exit code:

@@ -17,6 +17,7 @@ mod run;
 mod scenarios;
 mod secrets;
 mod server;
+mod traces;
 mod validate;
 
 use std::path::{Path, PathBuf};
