@@ -28,6 +28,7 @@ COPY adapters-postgres adapters-postgres
 COPY adapters-sqlite adapters-sqlite
 COPY adapters-rabbit adapters-rabbit
 COPY adapters-inproc adapters-inproc
+COPY adapters-http adapters-http
 COPY app app
 COPY bins bins
 # xtask and testkit (test support) are members, so cargo needs their

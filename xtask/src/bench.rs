@@ -1,4 +1,4 @@
-//! `cargo xtask bench [embedded] [postgres] [distributed]`: runs the
+//! `cargo xtask bench [embedded] [postgres] [distributed] [api]`: runs the
 //! benchmark suites (release builds of `bins/benches/<suite>.rs`, each
 //! printing one JSON object per scenario), then writes their figures beside
 //! the targets, with the machine they ran on, into `BENCHMARKS.md`.
@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::{cargo, project_root};
 
 /// The suites, in the order they are written down.
-const SUITES: [&str; 3] = ["embedded", "postgres", "distributed"];
+const SUITES: [&str; 4] = ["embedded", "postgres", "distributed", "api"];
 
 /// A target: scenario, metric, comparison, threshold, what the issue says.
 struct Target {
@@ -106,6 +106,27 @@ const TARGETS: &[Target] = &[
         "distributed 1 000-deep chain: p99 hop ≤ 20 ms",
     ),
     at_most("dist_chain40", "wall_s", 0.4, "distributed 40-task chain: ≤ 0.4 s"),
+    at_least(
+        "start_sqlite",
+        "achieved_per_s",
+        2_000.0,
+        "POST /runs on SQLite at 2 000/s: sustained",
+    ),
+    at_most("start_sqlite", "p99_ms", 20.0, "POST /runs on SQLite at 2 000/s: p99 ≤ 20 ms"),
+    at_least(
+        "start_pg",
+        "achieved_per_s",
+        1_000.0,
+        "POST /runs on PostgreSQL at 1 000/s: sustained",
+    ),
+    at_most("start_pg", "p99_ms", 20.0, "POST /runs on PostgreSQL at 1 000/s: p99 ≤ 20 ms"),
+    at_most("get_run_1000", "p99_ms", 20.0, "GET /runs/{id} of a 1 000-task run: p99 ≤ 20 ms"),
+    at_most(
+        "sse_10000",
+        "rss_growth_mib",
+        50.0,
+        "SSE of a 10 000-task fan-out: server RSS growth ≤ 50 MiB",
+    ),
 ];
 
 /// `cargo xtask bench`.

@@ -1,0 +1,381 @@
+//! HTTP API benchmarks (issue 12): a release `flowforge server` process
+//! driven over HTTP with reqwest. Prints one JSON object per scenario;
+//! `cargo xtask bench api` runs it and writes the figures down. Usage:
+//! `cargo bench -p flowforge-bins --bench api -- [start_sqlite|start_pg|get_run|sse]...`
+//! (all when none given). `API_BENCH_SECONDS` sets each load phase's
+//! length (default 5).
+
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+mod support;
+
+use std::fs::File;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use support::{BenchDb, Server as PgServer, env_number, fanout, percentile, round};
+use tokio::sync::Semaphore;
+
+/// A server process, killed when dropped.
+struct ServerProc {
+    child: Child,
+    base: String,
+    token: String,
+    db: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn flowforge(db: &str, dir: &std::path::Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_flowforge"));
+    cmd.current_dir(dir).env("FLOWFORGE_DB", db).env_remove("RUST_LOG").stdin(Stdio::null());
+    cmd
+}
+
+fn start_server(db: &str) -> ServerProc {
+    let dir = tempfile::tempdir().expect("a temp folder");
+    if db.starts_with("postgres") {
+        let status = flowforge(db, dir.path()).arg("migrate").status().expect("migrate");
+        assert!(status.success(), "flowforge migrate failed");
+    }
+    let out = flowforge(db, dir.path())
+        .args(["tokens", "create", "--name", "bench", "--scope", "admin"])
+        .output()
+        .expect("tokens create");
+    assert!(out.status.success(), "tokens create: {out:?}");
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let log = dir.path().join("server.log");
+    let child = flowforge(db, dir.path())
+        .args(["server", "--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(File::create(&log).expect("a log"))
+        .spawn()
+        .expect("spawn the server");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let base = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(rest) = text.split("listening on ").nth(1) {
+            break rest.lines().next().unwrap_or_default().trim().to_owned();
+        }
+        assert!(Instant::now() < deadline, "the server did not start:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    ServerProc {
+        child,
+        base,
+        token,
+        db: db.to_owned(),
+        _dir: dir,
+    }
+}
+
+fn kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|n| n.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+struct Api {
+    http: reqwest::Client,
+    server: ServerProc,
+}
+
+impl Api {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.server.base)
+    }
+
+    async fn publish(&self, def: &flowforge::WorkflowDefinition) {
+        let body = serde_json::to_value(def.document()).expect("JSON");
+        let r = self
+            .http
+            .post(self.url("/api/v1/definitions"))
+            .bearer_auth(&self.server.token)
+            .json(&body)
+            .send()
+            .await
+            .expect("publish");
+        assert!(r.status().is_success(), "publish: {}", r.status());
+    }
+
+    async fn start(&self, workflow: &str) -> (u16, Duration) {
+        let t0 = Instant::now();
+        let r = self
+            .http
+            .post(self.url("/api/v1/runs"))
+            .bearer_auth(&self.server.token)
+            .json(&json!({"workflow": workflow, "input": {}}))
+            .send()
+            .await;
+        let status = r.map_or(0, |r| r.status().as_u16());
+        (status, t0.elapsed())
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        self.http
+            .get(self.url(path))
+            .bearer_auth(&self.server.token)
+            .send()
+            .await
+            .expect("GET")
+            .json()
+            .await
+            .expect("JSON")
+    }
+
+    async fn wait_run(&self, id: &str) {
+        loop {
+            let report = self.get(&format!("/api/v1/runs/{id}")).await;
+            if matches!(report["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// `POST /runs` at a fixed `rate` for `secs`: the rate it sustained and
+/// its latencies. Requests are sent on schedule whether or not earlier
+/// ones have answered (open loop), up to 1 024 outstanding.
+async fn open_loop(api: &Arc<Api>, workflow: &str, rate: u64, secs: u64) -> Value {
+    let gate = Arc::new(Semaphore::new(1024));
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let total = rate * secs;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut dropped = 0u64;
+    for _ in 0..total {
+        tick.tick().await;
+        let Ok(permit) = Arc::clone(&gate).try_acquire_owned() else {
+            dropped += 1;
+            continue;
+        };
+        let api = Arc::clone(api);
+        let workflow = workflow.to_owned();
+        tasks.spawn(async move {
+            let r = api.start(&workflow).await;
+            drop(permit);
+            r
+        });
+    }
+    let mut latencies = Vec::new();
+    let mut errors = 0u64;
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok((201, took)) => latencies.push(took.as_secs_f64() * 1000.0),
+            _ => errors += 1,
+        }
+    }
+    let wall = started.elapsed().as_secs_f64();
+    latencies.sort_by(f64::total_cmp);
+    json!({
+        "rate_target": rate,
+        "achieved_per_s": round(latencies.len() as f64 / wall, 1),
+        "p50_ms": round(percentile(&latencies, 50.0), 2),
+        "p99_ms": round(percentile(&latencies, 99.0), 2),
+        "errors": errors + dropped,
+    })
+}
+
+/// `POST /runs` with `clients` requests always in flight: the most it serves.
+async fn closed_loop(api: &Arc<Api>, workflow: &str, clients: usize, secs: u64) -> Value {
+    let until = Instant::now() + Duration::from_secs(secs);
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..clients {
+        let api = Arc::clone(api);
+        let workflow = workflow.to_owned();
+        tasks.spawn(async move {
+            let mut latencies = Vec::new();
+            while Instant::now() < until {
+                let (status, took) = api.start(&workflow).await;
+                if status == 201 {
+                    latencies.push(took.as_secs_f64() * 1000.0);
+                }
+            }
+            latencies
+        });
+    }
+    let mut latencies = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        latencies.extend(r.expect("a client"));
+    }
+    let wall = started.elapsed().as_secs_f64();
+    latencies.sort_by(f64::total_cmp);
+    json!({
+        "clients": clients,
+        "max_per_s": round(latencies.len() as f64 / wall, 1),
+        "p99_ms": round(percentile(&latencies, 99.0), 2),
+    })
+}
+
+async fn start_scenario(name: &str, db: &str, rate: u64) -> Value {
+    let secs = env_number("API_BENCH_SECONDS", 5);
+    let api = Arc::new(Api {
+        http: reqwest::Client::new(),
+        server: start_server(db),
+    });
+    api.publish(&support::definition("one", vec![json!({"key": "a", "task_type": "noop"})]))
+        .await;
+    // Warm up: connections, caches.
+    closed_loop(&api, "one", 8, 1).await;
+    let max = closed_loop(&api, "one", 32, secs).await;
+    let fixed = open_loop(&api, "one", rate, secs).await;
+    json!({
+        "scenario": name,
+        "store": if api.server.db.starts_with("postgres") { "postgres" } else { "sqlite" },
+        "achieved_per_s": fixed["achieved_per_s"],
+        "p99_ms": fixed["p99_ms"],
+        "p50_ms": fixed["p50_ms"],
+        "rate_target": rate,
+        "errors": fixed["errors"],
+        "max_per_s": max["max_per_s"],
+        "max_p99_ms": max["p99_ms"],
+    })
+}
+
+async fn get_run() -> Value {
+    let dir = tempfile::tempdir().expect("a temp folder");
+    let db = format!("sqlite://{}", dir.path().join("get.db").display());
+    let api = Api {
+        http: reqwest::Client::new(),
+        server: start_server(&db),
+    };
+    let def = fanout(998);
+    api.publish(&def).await;
+    let started = api
+        .http
+        .post(api.url("/api/v1/runs"))
+        .bearer_auth(&api.server.token)
+        .json(&json!({"workflow": def.name()}))
+        .send()
+        .await
+        .expect("start")
+        .json::<Value>()
+        .await
+        .expect("JSON");
+    let id = started["id"].as_str().expect("id").to_owned();
+    api.wait_run(&id).await;
+    let mut latencies = Vec::new();
+    for _ in 0..300 {
+        let t0 = Instant::now();
+        let r = api
+            .http
+            .get(api.url(&format!("/api/v1/runs/{id}")))
+            .bearer_auth(&api.server.token)
+            .send()
+            .await
+            .expect("GET");
+        let _ = r.bytes().await.expect("body");
+        latencies.push(t0.elapsed().as_secs_f64() * 1000.0);
+    }
+    latencies.sort_by(f64::total_cmp);
+    json!({
+        "scenario": "get_run_1000",
+        "tasks": def.tasks().len(),
+        "p50_ms": round(percentile(&latencies, 50.0), 2),
+        "p99_ms": round(percentile(&latencies, 99.0), 2),
+    })
+}
+
+async fn sse() -> Value {
+    let dir = tempfile::tempdir().expect("a temp folder");
+    let db = format!("sqlite://{}", dir.path().join("sse.db").display());
+    let api = Api {
+        http: reqwest::Client::new(),
+        server: start_server(&db),
+    };
+    let def = fanout(9_998);
+    api.publish(&def).await;
+    let pid = api.server.child.id();
+    let rss_before = kib(pid, "VmRSS:");
+    let t0 = Instant::now();
+    let started = api
+        .http
+        .post(api.url("/api/v1/runs"))
+        .bearer_auth(&api.server.token)
+        .json(&json!({"workflow": def.name()}))
+        .send()
+        .await
+        .expect("start")
+        .json::<Value>()
+        .await
+        .expect("JSON");
+    let id = started["id"].as_str().expect("id").to_owned();
+    let response = api
+        .http
+        .get(api.url(&format!("/api/v1/runs/{id}/events")))
+        .bearer_auth(&api.server.token)
+        .send()
+        .await
+        .expect("stream");
+    let mut stream = response.bytes_stream();
+    let mut buffer = Vec::new();
+    let (mut events, mut ended) = (0u64, false);
+    while let Some(chunk) = stream.next().await {
+        buffer.extend_from_slice(&chunk.expect("a chunk"));
+        while let Some(at) = buffer.windows(2).position(|w| w == b"\n\n") {
+            let block: Vec<u8> = buffer.drain(..at + 2).collect();
+            let text = String::from_utf8_lossy(&block);
+            if text.contains("event: transition") {
+                events += 1;
+            } else if text.contains("event: end") {
+                ended = true;
+            }
+        }
+        if ended {
+            break;
+        }
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let report = api.get(&format!("/api/v1/runs/{id}")).await;
+    let stored = report["events"].as_array().map_or(0, Vec::len) as u64;
+    let peak = kib(pid, "VmHWM:");
+    json!({
+        "scenario": "sse_10000",
+        "tasks": def.tasks().len(),
+        "events_delivered": events,
+        "events_stored": stored,
+        "every_event": events == stored && ended,
+        "wall_s": round(wall, 2),
+        "rss_growth_mib": round(peak.saturating_sub(rss_before) as f64 / 1024.0, 1),
+    })
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let want = |s: &str| args.is_empty() || args.iter().any(|a| a == s);
+    if want("start_sqlite") {
+        let dir = tempfile::tempdir().expect("a temp folder");
+        let db = format!("sqlite://{}", dir.path().join("start.db").display());
+        println!("{}", start_scenario("start_sqlite", &db, 2_000).await);
+    }
+    if want("start_pg") {
+        let server = PgServer::from_env();
+        let bench_db = BenchDb::create(&server, "api");
+        println!("{}", start_scenario("start_pg", &bench_db.url(), 1_000).await);
+    }
+    if want("get_run") {
+        println!("{}", get_run().await);
+    }
+    if want("sse") {
+        println!("{}", sse().await);
+    }
+}
