@@ -152,6 +152,7 @@ mod pass;
 mod plans;
 mod runs;
 mod store;
+mod tokens;
 mod workers;
 
 /// Every SQL text sent with several statements in one call, for the
@@ -170,6 +171,7 @@ pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
         ("generic retry_ready", runs::sql::GENERIC_RETRY_READY),
         ("generic cancel", runs::sql::GENERIC_CANCEL),
         ("start_run", runs::sql::START_CALL),
+        ("start_run_keyed", runs::sql::START_KEYED_CALL),
         ("reap", runs::sql::REAP_CALL),
         ("get_run", runs::sql::GET_RUN),
         ("begin_pass", pass::BEGIN_PASS),
@@ -188,6 +190,8 @@ pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
         ("deregister worker", workers::DEREGISTER),
         ("publish", definitions::PUBLISH),
         ("load", definitions::LOAD),
+        ("create token", tokens::CREATE),
+        ("revoke token", tokens::REVOKE),
     ]
 }
 
