@@ -2,8 +2,9 @@
 //! (docs/design/data-model.md#tables, docs/design/scheduler.md#the-pass).
 //!
 //! [`SqliteStore`] implements every store port — definitions, runs and task
-//! runs, the scheduler pass, the outbox and the worker registry — over one
-//! database file in WAL mode (or one shared in-memory connection).
+//! runs, the scheduler pass, the outbox, the worker registry and the API
+//! tokens — over one database file in WAL mode (or one shared in-memory
+//! connection).
 //!
 //! SQLite has a single writer per database. Rather than let in-process
 //! writers collide on the file lock and sleep through `SQLITE_BUSY` retries,
