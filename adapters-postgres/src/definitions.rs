@@ -7,12 +7,13 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use flowforge_domain::{Defaults, RetrySpec, TaskDocument, WorkflowDefinition, WorkflowDocument};
+use flowforge_ports::store::DefinitionSummary;
 use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, WorkflowId, store};
 use serde_json::{Value, json};
 
 use crate::error::{store_error, violated_constraint};
 use crate::queries;
-use crate::rows::to_i32;
+use crate::rows::{DefinitionRow, to_i32};
 use crate::store::PgStore;
 
 #[derive(Debug, sqlx::FromRow)]
@@ -271,5 +272,14 @@ impl DefinitionStore for PgStore {
             Some((id, _)) => self.load(WorkflowId(id)).await,
             None => Ok(None),
         }
+    }
+
+    async fn list_definitions(&self, name: Option<&str>) -> Result<Vec<DefinitionSummary>, store::Error> {
+        let rows: Vec<DefinitionRow> = sqlx::query_as(queries::LIST_DEFINITIONS)
+            .bind(name)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        rows.into_iter().map(DefinitionRow::into_summary).collect()
     }
 }

@@ -31,6 +31,7 @@ pub mod queries;
 mod rows;
 mod runs;
 mod store;
+mod tokens;
 mod workers;
 
 pub use notify::PgNotifier;

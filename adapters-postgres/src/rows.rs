@@ -5,6 +5,7 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use flowforge_domain::{CancelReason, RunState, TaskRunState};
+use flowforge_ports::store::{DefinitionSummary, TokenStatus, TokenView};
 use flowforge_ports::{
     EventView, PassTask, RunId, RunSummary, TaskRunId, TaskRunView, WorkerId, WorkerInfo, WorkflowId, store,
 };
@@ -18,6 +19,11 @@ pub(crate) fn parse_name<T: FromStr>(value: &str, column: &str) -> Result<T, sto
     value
         .parse()
         .map_err(|_| corrupt(format!("{column} holds '{value}', which this binary does not know")))
+}
+
+/// Converts a stored count or number to `u64`.
+pub(crate) fn to_u64(value: i64, column: &str) -> Result<u64, store::Error> {
+    u64::try_from(value).map_err(|_| corrupt(format!("{column} holds {value}, which is negative")))
 }
 
 /// Converts a stored non-negative integer to `u32`.
@@ -114,6 +120,7 @@ impl TaskRunRow {
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct EventRow {
+    pub(crate) seq: i64,
     pub(crate) task: Option<String>,
     pub(crate) transition: String,
     pub(crate) from_state: Option<String>,
@@ -128,6 +135,7 @@ pub(crate) struct EventRow {
 impl EventRow {
     pub(crate) fn into_view(self) -> Result<EventView, store::Error> {
         Ok(EventView {
+            seq: to_u64(self.seq, "event.seq")?,
             task: self.task,
             transition: self.transition,
             from: self.from_state,
@@ -189,6 +197,61 @@ impl WorkerRow {
             started_at: self.started_at,
             last_seen_at: self.last_seen_at,
             stopped_at: self.stopped_at,
+        })
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct DefinitionRow {
+    pub(crate) id: i64,
+    pub(crate) name: String,
+    pub(crate) version: i32,
+    pub(crate) fingerprint: String,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) tasks: i64,
+}
+
+impl DefinitionRow {
+    pub(crate) fn into_summary(self) -> Result<DefinitionSummary, store::Error> {
+        Ok(DefinitionSummary {
+            id: WorkflowId(self.id),
+            version: to_u32(self.version, "workflow.version")?,
+            tasks: u32::try_from(self.tasks)
+                .map_err(|_| corrupt(format!("workflow {} counts {} tasks", self.id, self.tasks)))?,
+            name: self.name,
+            fingerprint: self.fingerprint,
+            created_at: self.created_at,
+        })
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct TokenRow {
+    pub(crate) name: String,
+    pub(crate) hash: String,
+    pub(crate) scopes: Vec<String>,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) expires_at: Option<DateTime<Utc>>,
+    pub(crate) revoked_at: Option<DateTime<Utc>>,
+    pub(crate) status: String,
+}
+
+impl TokenRow {
+    pub(crate) fn into_view(self) -> Result<TokenView, store::Error> {
+        let status = match self.status.as_str() {
+            "active" => TokenStatus::Active,
+            "expired" => TokenStatus::Expired,
+            "revoked" => TokenStatus::Revoked,
+            other => return Err(corrupt(format!("token '{}' has status '{other}'", self.name))),
+        };
+        Ok(TokenView {
+            name: self.name,
+            hash: self.hash,
+            scopes: self.scopes,
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+            revoked_at: self.revoked_at,
+            status,
         })
     }
 }

@@ -8,19 +8,20 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use flowforge_domain::limits::{self, MAX_STALE_AUDITS_PER_TASK_RUN, Refusal, ValueKind};
 use flowforge_domain::{RunState, TaskRunState, TaskTransition, run_machine};
-use flowforge_ports::store::resolve_generic_transition;
+use flowforge_ports::store::{Gauges, IdempotencyKey, KeyedStart, RunQuery, resolve_generic_transition};
 use flowforge_ports::{
-    CancelOutcome, Claim, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore, RunSummary, Scope, TaskInputs,
-    TaskOutcome, TaskRunId, Topic, TransitionError, WorkerId, WorkflowId, store,
+    CancelOutcome, Claim, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore, RunSummary, Scope,
+    TaskInputs, TaskOutcome, TaskRunId, Topic, TransitionError, WorkerId, WorkflowId, store,
 };
 use serde_json::{Map, Value};
+use sqlx::PgExecutor;
 use uuid::Uuid;
 
 use crate::error::{corrupt, store_error};
 use crate::notify::PgNotifier;
 use crate::pass::PgRunPass;
 use crate::queries;
-use crate::rows::{DetailRow, EventRow, SummaryRow, TaskRunRow, parse_name, to_u32};
+use crate::rows::{DetailRow, EventRow, SummaryRow, TaskRunRow, parse_name, to_u32, to_u64};
 use crate::store::{PgStore, interval};
 
 #[derive(Debug, sqlx::FromRow)]
@@ -61,6 +62,54 @@ impl PgStore {
         if !topics.is_empty() {
             self.inner.hub.publish(&self.inner.pool, &topics).await;
         }
+    }
+
+    /// start_run's statement, shared by start_run_keyed (which runs it in
+    /// the transaction that recorded its key): the run `id`, its task runs
+    /// and their dispatches. Returns the wake-ups it owes, to announce after
+    /// the commit; `Other` when the definition does not exist. The caller
+    /// has refused an input holding NUL, before any I/O.
+    async fn create_run<'e>(
+        &self,
+        exec: impl PgExecutor<'e>,
+        id: Uuid,
+        workflow: WorkflowId,
+        input: &Value,
+    ) -> Result<[(Topic, bool); 2], store::Error> {
+        let (created, woke_publisher, woke_scheduler): (bool, bool, bool) = sqlx::query_as(queries::START_RUN)
+            .bind(self.offset())
+            .bind(id)
+            .bind(workflow.0)
+            .bind(input)
+            .fetch_one(exec)
+            .await
+            .map_err(store_error)?;
+        if !created {
+            return Err(store::Error::Other(format!(
+                "workflow definition {workflow} does not exist"
+            )));
+        }
+        Ok([(Topic::Publisher, woke_publisher), (Topic::Scheduler, woke_scheduler)])
+    }
+
+    /// The run a key started, as start_run_keyed answers for it.
+    async fn keyed_run<'e>(
+        &self,
+        exec: impl PgExecutor<'e>,
+        key: &IdempotencyKey,
+    ) -> Result<Option<KeyedStart>, store::Error> {
+        let row: Option<(String, Uuid)> = sqlx::query_as(queries::KEYED_RUN)
+            .bind(&key.key)
+            .fetch_optional(exec)
+            .await
+            .map_err(store_error)?;
+        Ok(row.map(|(hash, run)| {
+            if hash == key.request_hash {
+                KeyedStart::Replayed(RunId(run))
+            } else {
+                KeyedStart::Reused(RunId(run))
+            }
+        }))
     }
 
     async fn finish(
@@ -188,21 +237,8 @@ impl RunStore for PgStore {
     async fn start_run(&self, workflow: WorkflowId, input: Value) -> Result<RunId, store::Error> {
         limits::refuse_nul(ValueKind::RunInput, &input)?;
         let id = Uuid::now_v7();
-        let (created, woke_publisher, woke_scheduler): (bool, bool, bool) = sqlx::query_as(queries::START_RUN)
-            .bind(self.offset())
-            .bind(id)
-            .bind(workflow.0)
-            .bind(&input)
-            .fetch_one(&self.inner.pool)
-            .await
-            .map_err(store_error)?;
-        if !created {
-            return Err(store::Error::Other(format!(
-                "workflow definition {workflow} does not exist"
-            )));
-        }
-        self.announce(&[(Topic::Publisher, woke_publisher), (Topic::Scheduler, woke_scheduler)])
-            .await;
+        let owed = self.create_run(&self.inner.pool, id, workflow, &input).await?;
+        self.announce(&owed).await;
         Ok(RunId(id))
     }
 
@@ -448,8 +484,10 @@ impl RunStore for PgStore {
             .fetch_all(&mut *tx)
             .await
             .map_err(store_error)?;
-        let events: Vec<EventRow> = sqlx::query_as(queries::GET_RUN_EVENTS)
+        let events: Vec<EventRow> = sqlx::query_as(queries::RUN_EVENTS)
             .bind(run.0)
+            .bind(0_i64)
+            .bind(None::<i64>)
             .fetch_all(&mut *tx)
             .await
             .map_err(store_error)?;
@@ -470,6 +508,99 @@ impl RunStore for PgStore {
             .await
             .map_err(store_error)?;
         rows.into_iter().map(SummaryRow::into_summary).collect()
+    }
+
+    async fn start_run_keyed(
+        &self,
+        workflow: WorkflowId,
+        input: Value,
+        key: &IdempotencyKey,
+    ) -> Result<KeyedStart, store::Error> {
+        limits::refuse_nul(ValueKind::RunInput, &input)?;
+        let id = Uuid::now_v7();
+        let mut tx = self.inner.pool.begin().await.map_err(store_error)?;
+        let recorded: Option<Uuid> = sqlx::query_scalar(queries::RECORD_KEY)
+            .bind(self.offset())
+            .bind(&key.key)
+            .bind(&key.request_hash)
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        if recorded.is_none() {
+            // The key's first call has committed (the insert waited for
+            // it); this statement's fresh snapshot sees its row.
+            let found = self.keyed_run(&mut *tx, key).await?;
+            tx.rollback().await.map_err(store_error)?;
+            return found
+                .ok_or_else(|| store::Error::Other(format!("idempotency key '{}' is taken but not found", key.key)));
+        }
+        let owed = match self.create_run(&mut *tx, id, workflow, &input).await {
+            Ok(owed) => owed,
+            Err(e) => {
+                // Now, not on the connection's next use: a call waiting on
+                // this key goes on as soon as it is free again.
+                let _ = tx.rollback().await;
+                return Err(e);
+            }
+        };
+        tx.commit().await.map_err(store_error)?;
+        self.announce(&owed).await;
+        Ok(KeyedStart::Started(RunId(id)))
+    }
+
+    async fn list_runs_page(&self, query: &RunQuery) -> Result<Vec<RunSummary>, store::Error> {
+        let states: Vec<&str> = query.states.iter().map(|s| s.as_str()).collect();
+        let rows: Vec<SummaryRow> = sqlx::query_as(queries::LIST_RUNS_PAGE)
+            .bind(query.after.map(|c| c.created_at))
+            .bind(query.after.map(|c| c.id.0))
+            .bind((!states.is_empty()).then_some(states))
+            .bind((!query.workflows.is_empty()).then_some(&query.workflows))
+            .bind(query.created_after)
+            .bind(query.created_before)
+            .bind(i64::from(query.limit))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        rows.into_iter().map(SummaryRow::into_summary).collect()
+    }
+
+    async fn run_summary(&self, run: RunId) -> Result<Option<RunSummary>, store::Error> {
+        let row: Option<SummaryRow> = sqlx::query_as(queries::RUN_SUMMARY)
+            .bind(run.0)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        row.map(SummaryRow::into_summary).transpose()
+    }
+
+    async fn run_events(&self, run: RunId, after: u64, limit_to: u32) -> Result<Vec<EventView>, store::Error> {
+        let rows: Vec<EventRow> = sqlx::query_as(queries::RUN_EVENTS)
+            .bind(run.0)
+            .bind(i64::try_from(after).unwrap_or(i64::MAX))
+            .bind(i64::from(limit_to))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        rows.into_iter().map(EventRow::into_view).collect()
+    }
+
+    async fn gauges(&self) -> Result<Gauges, store::Error> {
+        let (ready, running, outbox_unpublished, active_runs): (i64, i64, i64, i64) = sqlx::query_as(queries::GAUGES)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        Ok(Gauges {
+            ready: to_u64(ready, "ready task runs")?,
+            running: to_u64(running, "running task runs")?,
+            outbox_unpublished: to_u64(outbox_unpublished, "unpublished outbox rows")?,
+            active_runs: to_u64(active_runs, "active runs")?,
+        })
+    }
+
+    async fn ready(&self) -> Result<(), store::Error> {
+        // What `connect` checks: the server answers and the schema is this binary's.
+        self.check_migrations().await
     }
 
     async fn notifier(&self) -> Result<PgNotifier, store::Error> {

@@ -9,11 +9,12 @@
 use std::sync::Arc;
 
 use flowforge_domain::{Defaults, RetrySpec, TaskDocument, WorkflowDefinition, WorkflowDocument};
+use flowforge_ports::store::DefinitionSummary;
 use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, WorkflowId, store};
 use serde_json::{Map, Value, json};
 
-use crate::convert::time;
 use crate::convert::{col, decode};
+use crate::convert::{time, u32_of};
 use crate::error::is_unique_violation;
 use crate::store::{Failure, SqliteStore, padded, sql, tagged};
 
@@ -97,6 +98,36 @@ pub(crate) const PUBLISH: &str = concat!(
      FROM json_each(?7) AS j WHERE changes() = 1 ORDER BY j.key; \
      COMMIT"
 );
+
+/// list_definitions: every definition, or the versions of `?1`, by name
+/// then version, highest first (`uniq_workflow_name_version`), each with
+/// its task count (`task_pkey`).
+pub(crate) const LIST_DEFINITIONS: &str = "SELECT w.id, w.name, w.version, w.fingerprint, w.created_at, \
+     (SELECT count(*) FROM task t WHERE t.workflow_id = w.id) AS tasks \
+     FROM workflow w WHERE ?1 IS NULL OR w.name = ?1 ORDER BY w.name, w.version DESC";
+
+#[derive(Debug, sqlx::FromRow)]
+struct SummaryRow {
+    id: i64,
+    name: String,
+    version: i64,
+    fingerprint: String,
+    created_at: i64,
+    tasks: i64,
+}
+
+impl SummaryRow {
+    fn into_summary(self) -> Result<DefinitionSummary, store::Error> {
+        Ok(DefinitionSummary {
+            id: WorkflowId(self.id),
+            version: u32_of("workflow.version", self.version)?,
+            tasks: u32_of("task count", self.tasks)?,
+            created_at: time("workflow.created_at", self.created_at)?,
+            name: self.name,
+            fingerprint: self.fingerprint,
+        })
+    }
+}
 
 /// Rebuilds and re-validates a definition from its rows.
 fn assemble(w: WorkflowRow, rows: Vec<TaskRow>) -> Result<Published, LoadError> {
@@ -262,5 +293,15 @@ impl DefinitionStore for SqliteStore {
             Some(row) => self.load(WorkflowId(col(row, 0)?)).await,
             None => Ok(None),
         }
+    }
+
+    async fn list_definitions(&self, name: Option<&str>) -> Result<Vec<DefinitionSummary>, store::Error> {
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(sql(LIST_DEFINITIONS).bind(name.map(str::to_owned)))
+            .await?;
+        rows.iter().map(|r| decode::<SummaryRow>(r)?.into_summary()).collect()
     }
 }

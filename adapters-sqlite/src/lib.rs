@@ -2,8 +2,9 @@
 //! (docs/design/data-model.md#tables, docs/design/scheduler.md#the-pass).
 //!
 //! [`SqliteStore`] implements every store port — definitions, runs and task
-//! runs, the scheduler pass, the outbox and the worker registry — over one
-//! database file in WAL mode (or one shared in-memory connection).
+//! runs, the scheduler pass, the outbox, the worker registry and the API
+//! tokens — over one database file in WAL mode (or one shared in-memory
+//! connection).
 //!
 //! SQLite has a single writer per database. Rather than let in-process
 //! writers collide on the file lock and sleep through `SQLITE_BUSY` retries,
@@ -152,6 +153,7 @@ mod pass;
 mod plans;
 mod runs;
 mod store;
+mod tokens;
 mod workers;
 
 /// Every SQL text sent with several statements in one call, for the
@@ -170,6 +172,7 @@ pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
         ("generic retry_ready", runs::sql::GENERIC_RETRY_READY),
         ("generic cancel", runs::sql::GENERIC_CANCEL),
         ("start_run", runs::sql::START_CALL),
+        ("start_run_keyed", runs::sql::START_KEYED_CALL),
         ("reap", runs::sql::REAP_CALL),
         ("get_run", runs::sql::GET_RUN),
         ("begin_pass", pass::BEGIN_PASS),
@@ -188,6 +191,8 @@ pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
         ("deregister worker", workers::DEREGISTER),
         ("publish", definitions::PUBLISH),
         ("load", definitions::LOAD),
+        ("create token", tokens::CREATE),
+        ("revoke token", tokens::REVOKE),
     ]
 }
 

@@ -30,7 +30,7 @@ async fn hot_statements_use_their_indexes() {
     let store = SqliteStore::connect("sqlite::memory:", Arc::new(SystemClock))
         .await
         .expect("connect");
-    let cases: [(&str, &'static str, &[&str]); 11] = [
+    let cases: [(&str, &'static str, &[&str]); 14] = [
         ("claim", crate::runs::sql::CLAIM, &["INTEGER PRIMARY KEY"]),
         (
             "reaper",
@@ -70,6 +70,29 @@ async fn hot_statements_use_their_indexes() {
         ("cancel_waiting", crate::pass::CANCEL_WAITING, &["taskrun_active_idx"]),
         ("sweep", crate::outbox::SWEEP, &["outbox_unpublished_idx"]),
         ("activity", crate::pass::ACTIVITY, &["taskrun_active_idx"]),
+        (
+            "run_events",
+            crate::runs::sql::RUN_EVENTS,
+            &[
+                "taskrunevent_run_seq_idx (run_id=? AND seq>?)",
+                "workflowrunevent_run_seq_idx (run_id=? AND seq>?)",
+            ],
+        ),
+        (
+            "list_runs_page",
+            crate::runs::sql::LIST_RUNS_PAGE,
+            &["SEARCH r USING INDEX workflowrun_created_id_idx ((created_at,id)<(?,?))"],
+        ),
+        (
+            "gauges",
+            crate::runs::sql::GAUGES,
+            &[
+                "taskrun_active_idx",
+                "taskrun_lease_expiry_idx",
+                "outbox_unpublished_idx",
+                "workflowrun_active_idx",
+            ],
+        ),
     ];
     for (name, sql, indexes) in cases {
         let plan = plan(&store, sql).await;
@@ -105,12 +128,13 @@ async fn every_call_prepares_and_scans_no_growing_table() {
 
 /// Partial indexes hold only live rows (flagged, retrying, running, active,
 /// unpublished): walking one costs active work, not history.
-const LIVE_INDEXES: [&str; 6] = [
+const LIVE_INDEXES: [&str; 7] = [
     "taskrun_needs_pass_idx",
     "taskrun_retry_due_idx",
     "taskrun_lease_expiry_idx",
     "taskrun_active_idx",
     "workflowrun_needs_pass_idx",
+    "workflowrun_active_idx",
     "outbox_unpublished_idx",
 ];
 

@@ -25,14 +25,18 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use flowforge_ports::{Clock, RunId, store};
+use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqliteRow, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Sqlite, SqliteConnection};
 use tokio::sync::{OwnedMutexGuard, mpsc};
 
-use crate::convert::offset_ms;
+use crate::convert::{col, offset_ms};
 use crate::error::{migrate_error, store_error};
 use crate::inputs::InputCache;
 use crate::notify::Wakeups;
+
+/// The schema, embedded in the binary.
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
 /// How long a statement waits for another process's lock on the file.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -280,10 +284,58 @@ impl SqliteStore {
     /// Applies the embedded migrations (idempotent; `connect` already did).
     pub async fn migrate(&self) -> Result<(), store::Error> {
         let mut conn = self.inner.write().await?;
-        let result = sqlx::migrate!("./migrations")
-            .run_direct(None, conn.raw()?, false)
-            .await;
+        let result = MIGRATOR.run_direct(None, conn.raw()?, false).await;
         result.map_err(migrate_error)
+    }
+
+    /// Checks that the database holds exactly this binary's migrations,
+    /// applied and unmodified, as `connect` left it: another process may
+    /// have migrated the file further since, or broken it.
+    pub(crate) async fn check_migrations(&self) -> Result<(), store::Error> {
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(sql(
+                "SELECT version, success, checksum FROM _sqlx_migrations ORDER BY version",
+            ))
+            .await?;
+        let mut applied = std::collections::BTreeMap::new();
+        for row in &rows {
+            let version: i64 = col(row, 0)?;
+            let success: bool = col(row, 1)?;
+            let checksum: Vec<u8> = col(row, 2)?;
+            applied.insert(version, (success, checksum));
+        }
+        for m in MIGRATOR.iter() {
+            match applied.get(&m.version) {
+                None => {
+                    return Err(store::Error::Migration(format!(
+                        "migration {} ({}) is not applied",
+                        m.version, m.description
+                    )));
+                }
+                Some((false, _)) => {
+                    return Err(store::Error::Migration(format!(
+                        "migration {} ({}) failed part-way",
+                        m.version, m.description
+                    )));
+                }
+                Some((true, checksum)) if checksum.as_slice() != &*m.checksum => {
+                    return Err(store::Error::Migration(format!(
+                        "migration {} ({}) was applied from different SQL than this binary carries",
+                        m.version, m.description
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(unknown) = applied.keys().find(|v| !MIGRATOR.version_exists(**v)) {
+            return Err(store::Error::Migration(format!(
+                "the database has migration {unknown}, which this binary does not know"
+            )));
+        }
+        Ok(())
     }
 
     /// Closes every connection, waiting for calls in flight to finish;

@@ -22,8 +22,8 @@ pub use queue::{Delivery, Dispatch, DispatchConsumer, DispatchPublisher, Dispatc
 pub use store::{
     Activity, CancelOutcome, Claim, DefinitionStore, EventView, FinishResult, LeaseStatus, LoadError, LockedRun,
     Notifier, OutboxStore, OutboxSweep, PassTask, PublishError, Published, Reaped, RunDetail, RunPass, RunSet,
-    RunStore, RunSummary, Scope, Store, TaskInputs, TaskOutcome, TaskRunView, Topic, TransitionError, WorkerInfo,
-    TokenStore, WorkerRegistration, WorkerRegistry,
+    RunStore, RunSummary, Scope, Store, TaskInputs, TaskOutcome, TaskRunView, TokenStore, Topic, TransitionError,
+    WorkerInfo, WorkerRegistration, WorkerRegistry,
 };
 
 #[cfg(test)]
@@ -31,7 +31,8 @@ mod tests {
     use std::collections::BTreeSet;
 
     /// The contract's sections, read as text: a case is a `pub async fn`.
-    const SECTIONS: [&str; 11] = [
+    const SECTIONS: [&str; 12] = [
+        include_str!("contract/api.rs"),
         include_str!("contract/claims.rs"),
         include_str!("contract/definitions.rs"),
         include_str!("contract/finishing.rs"),

@@ -154,6 +154,16 @@ pub const LOAD_TASKS: &str = "\
 SELECT key, position, task_type, depends_on, config, timeout_seconds, retry, compensate_for, max_attempts
 FROM task WHERE workflow_id = $1 ORDER BY position";
 
+/// list_definitions: every definition, or the versions of `$1`, by name
+/// then version, highest first (`uniq_workflow_name_version`), with task
+/// counts (`task_pkey`).
+pub const LIST_DEFINITIONS: &str = "\
+SELECT w.id, w.name, w.version, w.fingerprint, w.created_at,
+       (SELECT count(*) FROM task AS t WHERE t.workflow_id = w.id) AS tasks
+FROM workflow AS w
+WHERE $1::text IS NULL OR w.name = $1
+ORDER BY w.name, w.version DESC";
+
 // ---------------------------------------------------------------------------
 // Runs and task runs
 
@@ -428,7 +438,9 @@ pub const REAP: &str = concat!(
            'running', state, attempt, fencing_token, NULL, ",
     now!(),
     ", CASE WHEN state = 'ready' THEN NULL ELSE error END
-    FROM reaped ORDER BY id
+    -- By run first: each event locks its run's sequence counter, and two
+    -- reapers must take the counters of the runs they share in one order.
+    FROM reaped ORDER BY run_id, id
 ), dispatched AS (
     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
     SELECT id, run_id, task_key, task_type, fencing_token, ",
@@ -536,13 +548,22 @@ SELECT wr.input, total.bytes,
        END AS outputs
 FROM workflow_run AS wr, total WHERE wr.id = $1";
 
+/// The columns of a run summary, of `wr` (workflow_run) joined to `w` (workflow).
+macro_rules! summary_columns {
+    () => {
+        "wr.id, wr.workflow_id, w.name AS workflow, w.version, wr.state,
+       wr.cancel_requested_at IS NOT NULL AS cancel_requested, wr.created_at, wr.started_at, wr.finished_at"
+    };
+}
+
 /// get_run: the run with its definition's identity. `$1` run.
-pub const GET_RUN: &str = "\
-SELECT wr.id, wr.workflow_id, w.name AS workflow, w.version, wr.state,
-       wr.cancel_requested_at IS NOT NULL AS cancel_requested, wr.created_at, wr.started_at, wr.finished_at,
-       w.fingerprint, wr.input
+pub const GET_RUN: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    ", w.fingerprint, wr.input
 FROM workflow_run AS wr JOIN workflow AS w ON w.id = wr.workflow_id
-WHERE wr.id = $1";
+WHERE wr.id = $1"
+);
 
 /// get_run: the task runs in creation order (`uniq_taskrun_run_key`). `$1` run.
 pub const GET_RUN_TASKS: &str = "\
@@ -550,27 +571,83 @@ SELECT id, task_key, compensate_for, state, attempt, fencing_token, cancel_reaso
        started_at, finished_at, retry_at, lease_owner, created_at
 FROM task_run WHERE run_id = $1 ORDER BY id";
 
-/// get_run: the history, task and run events merged, oldest first; at one
-/// instant task events precede the run transition they led to
-/// (`taskrunevent_run_idx`, `workflowrunevent_run_idx`). `$1` run.
-pub const GET_RUN_EVENTS: &str = "\
-SELECT task, transition, from_state, to_state, attempt, token, worker, at, error FROM (
-    SELECT task_key AS task, transition, from_state, to_state, attempt, fencing_token AS token, worker, at,
-           error, 0 AS kind, id
-    FROM task_run_event WHERE run_id = $1
-    UNION ALL
-    SELECT NULL, transition, from_state, to_state, NULL, NULL, NULL, at, NULL, 1, id
-    FROM workflow_run_event WHERE run_id = $1
-) AS e
-ORDER BY at, kind, id";
+/// get_run (`$2` 0, `$3` NULL) and run_events: the run's events numbered
+/// above `$2`, in number order, at most `$3`: each table an index range scan
+/// (`taskrunevent_run_seq_idx`, `workflowrunevent_run_seq_idx`) stopped at
+/// the limit, merged. `$1` run.
+pub const RUN_EVENTS: &str = "\
+(SELECT seq, task_key AS task, transition, from_state, to_state, attempt, fencing_token AS token, worker, at, error
+ FROM task_run_event WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3)
+UNION ALL
+(SELECT seq, NULL, transition, from_state, to_state, NULL, NULL, NULL, at, NULL
+ FROM workflow_run_event WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3)
+ORDER BY seq
+LIMIT $3";
 
-/// list_runs: the newest runs (`workflowrun_created_idx`). `$1` limit.
-pub const LIST_RUNS: &str = "\
-SELECT wr.id, wr.workflow_id, w.name AS workflow, w.version, wr.state,
-       wr.cancel_requested_at IS NOT NULL AS cancel_requested, wr.created_at, wr.started_at, wr.finished_at
+/// list_runs: the newest runs (`workflowrun_created_id_idx`). `$1` limit.
+pub const LIST_RUNS: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    "
 FROM workflow_run AS wr JOIN workflow AS w ON w.id = wr.workflow_id
 ORDER BY wr.created_at DESC, wr.id DESC
-LIMIT $1";
+LIMIT $1"
+);
+
+/// list_runs_page: newest first, strictly after the cursor (`$1`
+/// created_at, `$2` id), by a range scan of `workflowrun_created_id_idx`;
+/// without a cursor both are NULL and the bound is above every run. Filters,
+/// NULL for none: `$3` states, `$4` workflow names, `$5` created at or
+/// after, `$6` created before. `$7` limit.
+pub const LIST_RUNS_PAGE: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    "
+FROM workflow_run AS wr JOIN workflow AS w ON w.id = wr.workflow_id
+WHERE (wr.created_at, wr.id) < (COALESCE($1::timestamptz, 'infinity'),
+                                COALESCE($2::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
+  AND ($3::text[] IS NULL OR wr.state = ANY($3))
+  AND ($4::text[] IS NULL OR w.name = ANY($4))
+  AND ($5::timestamptz IS NULL OR wr.created_at >= $5)
+  AND ($6::timestamptz IS NULL OR wr.created_at < $6)
+ORDER BY wr.created_at DESC, wr.id DESC
+LIMIT $7"
+);
+
+/// run_summary: one run by primary key. `$1` run.
+pub const RUN_SUMMARY: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    "
+FROM workflow_run AS wr JOIN workflow AS w ON w.id = wr.workflow_id
+WHERE wr.id = $1"
+);
+
+/// start_run_keyed: records the key before the run, in the run's
+/// transaction; a second call with the key waits here until the first
+/// commits (then inserts nothing) or rolls back (then inserts). `$1`
+/// offset, `$2` key, `$3` request hash, `$4` run id.
+pub const RECORD_KEY: &str = concat!(
+    "INSERT INTO run_idempotency (key, request_hash, run_id, created_at) VALUES ($2, $3, $4, ",
+    now!(),
+    ")
+ON CONFLICT (key) DO NOTHING
+RETURNING run_id"
+);
+
+/// start_run_keyed: the run a key started and its request's hash (primary
+/// key). `$1` key.
+pub const KEYED_RUN: &str = "SELECT request_hash, run_id FROM run_idempotency WHERE key = $1";
+
+/// gauges: each count from the partial index that holds its rows
+/// (`taskrun_active_idx`, `taskrun_lease_expiry_idx`,
+/// `outbox_unpublished_idx`, `workflowrun_active_idx`), so the cost follows
+/// active work, not history.
+pub const GAUGES: &str = "\
+SELECT (SELECT count(*) FROM task_run WHERE state = 'ready') AS ready,
+       (SELECT count(*) FROM task_run WHERE state = 'running') AS running,
+       (SELECT count(*) FROM outbox WHERE published_at IS NULL) AS outbox_unpublished,
+       (SELECT count(*) FROM workflow_run WHERE state IN ('pending', 'running')) AS active_runs";
 
 // ---------------------------------------------------------------------------
 // The outbox
@@ -638,4 +715,48 @@ pub const LIVE_TASK_TYPES: &str = concat!(
 WHERE stopped_at IS NULL AND last_seen_at >= ",
     now!(),
     " - $2::interval"
+);
+
+// ---------------------------------------------------------------------------
+// API tokens
+
+/// A token's columns, its status as of store now last (`$1` the offset): a
+/// revocation outranks an expiry.
+macro_rules! token_columns {
+    () => {
+        concat!(
+            "name, hash, scopes, created_at, expires_at, revoked_at,
+       CASE WHEN revoked_at IS NOT NULL THEN 'revoked' WHEN expires_at <= ",
+            now!(),
+            " THEN 'expired' ELSE 'active' END AS status"
+        )
+    };
+}
+
+/// create_token: nothing when the name is taken (also by a concurrent
+/// insert, once it commits). `$1` offset, `$2` name, `$3` hash, `$4`
+/// scopes, `$5` lifetime (NULL: until revoked).
+pub const CREATE_TOKEN: &str = concat!(
+    "INSERT INTO api_token (name, hash, scopes, created_at, expires_at)
+VALUES ($2, $3, $4, ",
+    now!(),
+    ", ",
+    now!(),
+    " + $5::interval)
+ON CONFLICT (name) DO NOTHING
+RETURNING ",
+    token_columns!()
+);
+
+/// token_by_hash (`uniq_apitoken_hash`). `$1` offset, `$2` hash.
+pub const TOKEN_BY_HASH: &str = concat!("SELECT ", token_columns!(), " FROM api_token WHERE hash = $2");
+
+/// list_tokens, by name (primary key). `$1` offset.
+pub const LIST_TOKENS: &str = concat!("SELECT ", token_columns!(), " FROM api_token ORDER BY name");
+
+/// revoke_token: only a token not yet revoked. `$1` offset, `$2` name.
+pub const REVOKE_TOKEN: &str = concat!(
+    "UPDATE api_token SET revoked_at = ",
+    now!(),
+    " WHERE name = $2 AND revoked_at IS NULL"
 );

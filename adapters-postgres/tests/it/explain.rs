@@ -65,6 +65,11 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
          FROM generate_series(1, 60000) g;
          INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, published_at)
          SELECT id, run_id, task_key, 'noop', 0, now(), now() FROM task_run WHERE task_key LIKE 'h%';
+         INSERT INTO task_run_event (task_run_id, run_id, task_key, transition, from_state, to_state, attempt,
+                                     fencing_token, at)
+         SELECT id, run_id, task_key, 'claim', 'ready', 'running', 1, 1, now() FROM task_run WHERE task_key LIKE 'h%';
+         INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at)
+         SELECT id, 'start', 'pending', 'running', now() FROM workflow_run WHERE state = 'succeeded';
          ANALYZE;",
         wf = wf.0
     )))
@@ -142,6 +147,54 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
         &[
             &["taskrun_retry_due_idx", "taskrun_active_idx"],
             &["taskrun_active_idx"],
+        ],
+    );
+
+    let p = plan(&pool, queries::RUN_EVENTS, |q| {
+        q.bind(live.0).bind(10_i64).bind(100_i64)
+    })
+    .await;
+    assert_uses(
+        "run_events",
+        &p,
+        &[&["taskrunevent_run_seq_idx"], &["workflowrunevent_run_seq_idx"]],
+    );
+    assert!(
+        !p.contains("Seq Scan on task_run_event"),
+        "run_events scans the history:\n{p}"
+    );
+
+    let none_time = None::<chrono::DateTime<chrono::Utc>>;
+    let none_texts = None::<Vec<String>>;
+    for cursor in [
+        None,
+        Some((
+            chrono::DateTime::<chrono::Utc>::from(std::time::SystemTime::now()),
+            live.0,
+        )),
+    ] {
+        let p = plan(&pool, queries::LIST_RUNS_PAGE, |q| {
+            q.bind(cursor.map(|c| c.0))
+                .bind(cursor.map(|c| c.1))
+                .bind(none_texts.clone())
+                .bind(none_texts.clone())
+                .bind(none_time)
+                .bind(none_time)
+                .bind(20_i64)
+        })
+        .await;
+        assert_uses("list_runs_page", &p, &[&["workflowrun_created_id_idx"]]);
+    }
+
+    let p = plan(&pool, queries::GAUGES, |q| q).await;
+    assert_uses(
+        "gauges",
+        &p,
+        &[
+            &["taskrun_active_idx"],
+            &["taskrun_lease_expiry_idx"],
+            &["outbox_unpublished_idx"],
+            &["workflowrun_active_idx"],
         ],
     );
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use flowforge_domain::limits::{self, Refusal, ValueKind};
 use flowforge_domain::{RunState, TaskRunState, TaskTransition, initial_task_run_state};
 use flowforge_ports::store::resolve_generic_transition;
+use flowforge_ports::store::{Gauges, IdempotencyKey, KeyedStart, RunQuery};
 use flowforge_ports::{
     CancelOutcome, Claim, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore, RunSummary, Scope,
     TaskInputs, TaskOutcome, TaskRunId, TaskRunView, Topic, TransitionError, WorkerId, WorkflowId, store,
@@ -21,12 +22,12 @@ use serde_json::{Map, Value};
 use sqlx::Row;
 
 use crate::convert::{
-    col, decode, duration_ms, json, name, opt_name, opt_time, run_id, run_key, scope_key, time, u32_of,
+    col, decode, duration_ms, json, name, opt_name, opt_time, run_id, run_key, scope_key, time, u32_of, u64_of,
 };
-use crate::error::{DecodeError, store_error};
+use crate::error::{DecodeError, is_unique_violation, store_error};
 use crate::notify::SqliteNotifier;
 use crate::pass::SqlitePass;
-use crate::store::{SqliteStore, lock, padded, sql, tagged};
+use crate::store::{Failure, SqliteStore, lock, padded, sql, tagged};
 
 pub(crate) mod sql;
 
@@ -102,6 +103,7 @@ impl TaskRunRow {
 
 #[derive(Debug, sqlx::FromRow)]
 struct EventRow {
+    seq: i64,
     task: Option<String>,
     transition: String,
     from_state: Option<String>,
@@ -111,6 +113,23 @@ struct EventRow {
     worker: Option<String>,
     at: i64,
     error: Option<String>,
+}
+
+impl EventRow {
+    fn into_view(self) -> Result<EventView, DecodeError> {
+        Ok(EventView {
+            seq: u64_of("event.seq", self.seq)?,
+            task: self.task,
+            transition: self.transition,
+            from: self.from_state,
+            to: self.to_state,
+            attempt: self.attempt.map(|a| u32_of("task_run_event.attempt", a)).transpose()?,
+            token: self.token,
+            worker: self.worker,
+            at: time("event.at", self.at)?,
+            error: self.error,
+        })
+    }
 }
 
 #[derive(Debug, sqlx::FromRow)]
@@ -135,16 +154,21 @@ struct ExpiredRow {
     lease_expires_at: i64,
 }
 
-impl RunStore for SqliteStore {
-    type Pass = SqlitePass;
-    type Notifier = SqliteNotifier;
-
-    async fn start_run(&self, workflow: WorkflowId, input: Value) -> Result<RunId, store::Error> {
+impl SqliteStore {
+    /// start_run's work, shared by start_run_keyed: the run, its task runs
+    /// and their dispatches in one call, with `key` recorded beside them
+    /// when given. `None`: the key was already recorded (nothing written).
+    async fn create_run(
+        &self,
+        workflow: WorkflowId,
+        input: Value,
+        key: Option<&IdempotencyKey>,
+    ) -> Result<Option<RunId>, store::Error> {
         // SQLite could keep it, PostgreSQL cannot: both refuse it, so the
         // two modes agree (docs/design/data-flow.md#limits).
         limits::refuse_nul(ValueKind::RunInput, &input)?;
         let run = RunId(uuid::Uuid::now_v7());
-        let key = run_key(run);
+        let run_text = run_key(run);
         let input =
             serde_json::to_string(&input).map_err(|e| store::Error::Other(format!("cannot encode input: {e}")))?;
         let tasks = {
@@ -177,24 +201,60 @@ impl RunStore for SqliteStore {
         }
         let rows = serde_json::to_string(&rows).map_err(|e| store::Error::Other(e.to_string()))?;
         let offset = self.inner.offset();
-        let dispatched = self
-            .inner
-            .write()
-            .await?
-            .call(padded(
-                sql(START_CALL)
-                    .bind(offset)
-                    .bind(&key)
-                    .bind(workflow.0)
-                    .bind(input.clone())
-                    .bind(rows),
-            ))
-            .await?;
+        let text = if key.is_some() { START_KEYED_CALL } else { START_CALL };
+        let mut query = sql(text)
+            .bind(offset)
+            .bind(&run_text)
+            .bind(workflow.0)
+            .bind(input.clone())
+            .bind(rows);
+        if let Some(k) = key {
+            query = query.bind(k.key.clone()).bind(k.request_hash.clone());
+        }
+        let called = self.inner.write().await?.call_sqlx(padded(query)).await;
+        let dispatched = match called {
+            Ok(rows) => rows,
+            // The key's row is the only one the call could find taken.
+            Err(Failure::Sqlx(e)) if key.is_some() && is_unique_violation(&e) => return Ok(None),
+            Err(e) => return Err(e.into_store()),
+        };
         lock(&self.inner.inputs).input(run, &input);
         if !dispatched.is_empty() {
             self.inner.wakeups.wake(Topic::Publisher);
         }
-        Ok(run)
+        Ok(Some(run))
+    }
+
+    /// The run a key started, as start_run_keyed answers for it.
+    async fn keyed_run(&self, key: &IdempotencyKey) -> Result<Option<KeyedStart>, store::Error> {
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(sql(KEYED_RUN).bind(key.key.clone()))
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let hash: String = col(row, 0)?;
+        let run = run_id(&col::<String>(row, 1)?)?;
+        Ok(Some(if hash == key.request_hash {
+            KeyedStart::Replayed(run)
+        } else {
+            KeyedStart::Reused(run)
+        }))
+    }
+}
+
+impl RunStore for SqliteStore {
+    type Pass = SqlitePass;
+    type Notifier = SqliteNotifier;
+
+    async fn start_run(&self, workflow: WorkflowId, input: Value) -> Result<RunId, store::Error> {
+        // Without a key there is no key to find taken: always a run.
+        self.create_run(workflow, input, None)
+            .await?
+            .ok_or_else(|| store::Error::Other("start_run found a key it was not given".into()))
     }
 
     async fn request_cancel(&self, run: RunId) -> Result<Option<CancelOutcome>, store::Error> {
@@ -567,23 +627,9 @@ impl RunStore for SqliteStore {
         let tasks = tagged(&rows, 1)
             .map(|r| Ok(decode::<TaskRunRow>(r)?.into_view()?))
             .collect::<Result<Vec<_>, store::Error>>()?;
-        // Merged in SQL in commit order: both tables share one id sequence
-        // (see `next_event_id!`).
+        // Merged in SQL in `seq` order, which is commit order.
         let events = tagged(&rows, 2)
-            .map(|r| {
-                let e: EventRow = decode(r)?;
-                Ok(EventView {
-                    task: e.task,
-                    transition: e.transition,
-                    from: e.from_state,
-                    to: e.to_state,
-                    attempt: e.attempt.map(|a| u32_of("task_run_event.attempt", a)).transpose()?,
-                    token: e.token,
-                    worker: e.worker,
-                    at: time("event.at", e.at)?,
-                    error: e.error,
-                })
-            })
+            .map(|r| Ok(decode::<EventRow>(r)?.into_view()?))
             .collect::<Result<Vec<_>, store::Error>>()?;
         Ok(Some(RunDetail {
             summary: summary_row.into_summary()?,
@@ -604,6 +650,103 @@ impl RunStore for SqliteStore {
         rows.iter()
             .map(|r| Ok(decode::<SummaryRow>(r)?.into_summary()?))
             .collect()
+    }
+
+    async fn start_run_keyed(
+        &self,
+        workflow: WorkflowId,
+        input: Value,
+        key: &IdempotencyKey,
+    ) -> Result<KeyedStart, store::Error> {
+        // A retried request usually finds its key: answered from a reader,
+        // without taking the writer.
+        if let Some(found) = self.keyed_run(key).await? {
+            return Ok(found);
+        }
+        if let Some(run) = self.create_run(workflow, input, Some(key)).await? {
+            return Ok(KeyedStart::Started(run));
+        }
+        // Another call recorded the key between the read and the write; it
+        // has committed, since the write that failed came after it.
+        self.keyed_run(key)
+            .await?
+            .ok_or_else(|| store::Error::Other(format!("idempotency key '{}' is taken but not found", key.key)))
+    }
+
+    async fn list_runs_page(&self, query: &RunQuery) -> Result<Vec<RunSummary>, store::Error> {
+        let list = |values: Vec<&str>| -> Result<Option<String>, store::Error> {
+            if values.is_empty() {
+                return Ok(None);
+            }
+            serde_json::to_string(&values)
+                .map(Some)
+                .map_err(|e| store::Error::Other(e.to_string()))
+        };
+        let states = list(query.states.iter().map(|s| s.as_str()).collect())?;
+        let workflows = list(query.workflows.iter().map(String::as_str).collect())?;
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(
+                sql(LIST_RUNS_PAGE)
+                    .bind(query.after.map(|c| c.created_at.timestamp_millis()))
+                    .bind(query.after.map(|c| run_key(c.id)))
+                    .bind(states)
+                    .bind(workflows)
+                    .bind(query.created_after.map(|t| t.timestamp_millis()))
+                    .bind(query.created_before.map(|t| t.timestamp_millis()))
+                    .bind(i64::from(query.limit)),
+            )
+            .await?;
+        rows.iter()
+            .map(|r| Ok(decode::<SummaryRow>(r)?.into_summary()?))
+            .collect()
+    }
+
+    async fn run_summary(&self, run: RunId) -> Result<Option<RunSummary>, store::Error> {
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(sql(RUN_SUMMARY).bind(run_key(run)))
+            .await?;
+        rows.first()
+            .map(|r| Ok(decode::<SummaryRow>(r)?.into_summary()?))
+            .transpose()
+    }
+
+    async fn run_events(&self, run: RunId, after: u64, limit: u32) -> Result<Vec<EventView>, store::Error> {
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(
+                sql(RUN_EVENTS)
+                    .bind(run_key(run))
+                    .bind(i64::try_from(after).unwrap_or(i64::MAX))
+                    .bind(i64::from(limit)),
+            )
+            .await?;
+        rows.iter().map(|r| Ok(decode::<EventRow>(r)?.into_view()?)).collect()
+    }
+
+    async fn gauges(&self) -> Result<Gauges, store::Error> {
+        let rows = self.inner.read().await?.call(sql(GAUGES)).await?;
+        let Some(row) = rows.first() else {
+            return Err(store::Error::Other("the gauges query returned no row".into()));
+        };
+        let count = |i: usize, what: &'static str| -> Result<u64, store::Error> { Ok(u64_of(what, col(row, i)?)?) };
+        Ok(Gauges {
+            ready: count(0, "ready task runs")?,
+            running: count(1, "running task runs")?,
+            outbox_unpublished: count(2, "unpublished outbox rows")?,
+            active_runs: count(3, "active runs")?,
+        })
+    }
+
+    async fn ready(&self) -> Result<(), store::Error> {
+        self.check_migrations().await
     }
 
     async fn notifier(&self) -> Result<SqliteNotifier, store::Error> {

@@ -192,25 +192,52 @@ pub(crate) const GENERIC_CANCEL: &str = concat!(
 pub(super) const START_TASKS: &str = "SELECT key, json_array_length(depends_on) FROM task \
      WHERE workflow_id = ?1 AND compensate_for IS NULL ORDER BY position";
 
+/// start_run's writes, without the transaction around them: `?2` run, `?3`
+/// workflow, `?4` input, `?5` the task rows; the literals given (a
+/// statement ending in `; `, each literal followed by a comma) go right
+/// after the run row. Returns one row per dispatch written.
+macro_rules! start_writes {
+    ($($after_run:tt)*) => {
+        concat!(
+            "INSERT INTO workflow_run (id, workflow_id, state, input, created_at) VALUES (?2, ?3, 'pending', ?4, ",
+            now!(),
+            "); ",
+            $($after_run)*
+            "INSERT INTO task_run (run_id, task_key, state, pending_deps, created_at) \
+             SELECT ?2, j.value ->> 'k', j.value ->> 's', j.value ->> 'd', ",
+            now!(),
+            " FROM json_each(?5) AS j ORDER BY j.key; \
+             INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+             SELECT tr.id, tr.run_id, tr.task_key, t.task_type, tr.fencing_token, ",
+            now!(),
+            " FROM task_run tr JOIN task t ON t.workflow_id = ?3 AND t.key = tr.task_key \
+             WHERE tr.run_id = ?2 AND tr.state IN ('pending', 'ready', 'running', 'retrying') AND tr.state = 'ready' \
+             ORDER BY tr.id RETURNING task_run_id; "
+        )
+    };
+}
+
 /// start_run in one call: `?2` run, `?3` workflow, `?4` input, `?5` the
 /// task rows; returns one row per dispatch written.
-pub(crate) const START_CALL: &str = concat!(
-    "BEGIN IMMEDIATE; \
-     INSERT INTO workflow_run (id, workflow_id, state, input, created_at) VALUES (?2, ?3, 'pending', ?4, ",
-    now!(),
-    "); \
-     INSERT INTO task_run (run_id, task_key, state, pending_deps, created_at) \
-     SELECT ?2, j.value ->> 'k', j.value ->> 's', j.value ->> 'd', ",
-    now!(),
-    " FROM json_each(?5) AS j ORDER BY j.key; \
-     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
-     SELECT tr.id, tr.run_id, tr.task_key, t.task_type, tr.fencing_token, ",
-    now!(),
-    " FROM task_run tr JOIN task t ON t.workflow_id = ?3 AND t.key = tr.task_key \
-     WHERE tr.run_id = ?2 AND tr.state IN ('pending', 'ready', 'running', 'retrying') AND tr.state = 'ready' \
-     ORDER BY tr.id RETURNING task_run_id; \
-     COMMIT"
+pub(crate) const START_CALL: &str = concat!("BEGIN IMMEDIATE; ", start_writes!(), "COMMIT");
+
+/// start_run_keyed in one call: start_run's, with the key `?6` and request
+/// hash `?7` recorded beside the run. A key already recorded breaks
+/// `run_idempotency`'s primary key, which fails the call and rolls the run
+/// back.
+pub(crate) const START_KEYED_CALL: &str = concat!(
+    "BEGIN IMMEDIATE; ",
+    start_writes!(
+        "INSERT INTO run_idempotency (key, request_hash, run_id, created_at) VALUES (?6, ?7, ?2, ",
+        now!(),
+        "); ",
+    ),
+    "COMMIT"
 );
+
+/// start_run_keyed: the run a key started, and the hash of the request it
+/// came with (primary key). `?1` key.
+pub(super) const KEYED_RUN: &str = "SELECT request_hash, run_id FROM run_idempotency WHERE key = ?1";
 
 /// reap_expired_leases: the expired leases (`taskrun_lease_expiry_idx`),
 /// read outside the write; the write re-checks each row.
@@ -367,25 +394,78 @@ pub(crate) const TASK_INPUTS: &str = "WITH wanted AS MATERIALIZED (SELECT id, ta
      UNION ALL SELECT 2, NULL, NULL, n FROM total \
      UNION ALL SELECT 1, result, task_key, id FROM wanted WHERE (SELECT n FROM total) <= ?3 ORDER BY 1, 4";
 
+/// A run's history, both tables merged in `seq` order, each a range search
+/// of its `(run_id, seq)` index: `$head` starts each row, `$bound` ends each
+/// WHERE. `?1` run.
+macro_rules! history {
+    ($head:literal, $bound:literal) => {
+        concat!(
+            "SELECT ",
+            $head,
+            "seq, task_key AS task, transition, from_state, to_state, attempt, fencing_token AS token, worker, \
+             at, error FROM task_run_event WHERE run_id = ?1",
+            $bound,
+            " UNION ALL SELECT ",
+            $head,
+            "seq, NULL, transition, from_state, to_state, NULL, NULL, NULL, at, NULL \
+             FROM workflow_run_event WHERE run_id = ?1",
+            $bound,
+            " ORDER BY seq"
+        )
+    };
+}
+
 /// get_run: run, task runs and history from one read transaction, in one call.
 pub(crate) const GET_RUN: &str = concat!(
     "BEGIN; SELECT 0 AS tag, ",
     summary_columns!(),
     ", w.fingerprint, r.input FROM workflow_run r JOIN workflow w ON w.id = r.workflow_id WHERE r.id = ?1; \
      SELECT 1 AS tag, id, task_key, compensate_for, state, attempt, fencing_token, cancel_reason, result, error, \
-     started_at, finished_at, retry_at, lease_owner, created_at FROM task_run WHERE run_id = ?1 ORDER BY id; \
-     SELECT 2 AS tag, task, transition, from_state, to_state, attempt, token, worker, at, error FROM (\
-     SELECT task_key AS task, transition, from_state, to_state, attempt, fencing_token AS token, worker, \
-     at, error, id FROM task_run_event WHERE run_id = ?1 \
-     UNION ALL \
-     SELECT NULL, transition, from_state, to_state, NULL, NULL, NULL, at, NULL, id \
-     FROM workflow_run_event WHERE run_id = ?1\
-     ) ORDER BY id; COMMIT"
+     started_at, finished_at, retry_at, lease_owner, created_at FROM task_run WHERE run_id = ?1 ORDER BY id; ",
+    history!("2 AS tag, ", ""),
+    "; COMMIT"
 );
 
-/// list_runs: newest first.
+/// run_events: the events numbered above `?2`, at most `?3`
+/// (`taskrunevent_run_seq_idx`, `workflowrunevent_run_seq_idx`, merged).
+pub(crate) const RUN_EVENTS: &str = concat!(history!("", " AND seq > ?2"), " LIMIT ?3");
+
+/// list_runs: newest first (`workflowrun_created_id_idx`).
 pub(super) const LIST_RUNS: &str = concat!(
     "SELECT ",
     summary_columns!(),
     " FROM workflow_run r JOIN workflow w ON w.id = r.workflow_id ORDER BY r.created_at DESC, r.id DESC LIMIT ?1"
 );
+
+/// list_runs_page: newest first, strictly after the cursor (`?1` created_at,
+/// `?2` id), by a search of `workflowrun_created_id_idx`. Without a cursor
+/// both are NULL and the bound is above every run (no id sorts after 'g':
+/// ids are lower-case hex and hyphens). Filters, NULL for none: `?3` states
+/// and `?4` workflow names (JSON arrays), `?5` created at or after, `?6`
+/// created before. `?7` limit.
+pub(crate) const LIST_RUNS_PAGE: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    " FROM workflow_run r JOIN workflow w ON w.id = r.workflow_id \
+     WHERE (r.created_at, r.id) < (COALESCE(?1, 9223372036854775807), COALESCE(?2, 'g')) \
+     AND (?3 IS NULL OR r.state IN (SELECT value FROM json_each(?3))) \
+     AND (?4 IS NULL OR w.name IN (SELECT value FROM json_each(?4))) \
+     AND (?5 IS NULL OR r.created_at >= ?5) AND (?6 IS NULL OR r.created_at < ?6) \
+     ORDER BY r.created_at DESC, r.id DESC LIMIT ?7"
+);
+
+/// run_summary: one run by primary key. `?1` run.
+pub(super) const RUN_SUMMARY: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    " FROM workflow_run r JOIN workflow w ON w.id = r.workflow_id WHERE r.id = ?1"
+);
+
+/// gauges: each count from the partial index of live rows that holds it
+/// (the active, lease, unpublished and active-run indexes; SQLite uses a
+/// partial index only when the query restates its condition).
+pub(crate) const GAUGES: &str = "SELECT \
+     (SELECT count(*) FROM task_run WHERE state IN ('pending', 'ready', 'running', 'retrying') AND state = 'ready'), \
+     (SELECT count(*) FROM task_run WHERE state = 'running'), \
+     (SELECT count(*) FROM outbox WHERE published_at IS NULL), \
+     (SELECT count(*) FROM workflow_run WHERE state IN ('pending', 'running'))";

@@ -816,3 +816,87 @@ async fn a_database_of_the_first_release_opens_and_is_migrated() {
     assert!(indexes.iter().any(|i| i == "taskrun_active_idx"), "{indexes:?}");
     assert!(!indexes.iter().any(|i| i == "taskrun_waiting_idx"), "{indexes:?}");
 }
+
+/// A database migrated before the event numbers keeps its history: the
+/// upgrade numbers each run's events in the order get_run merged them (by
+/// id, across both tables), and the next event follows on.
+#[tokio::test]
+async fn the_upgrade_numbers_the_history_already_written() {
+    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let dir = tempfile::tempdir().expect("a temp folder");
+    let before = dir.path().join("migrations");
+    std::fs::create_dir(&before).expect("a folder");
+    for entry in std::fs::read_dir(&folder).expect("the migrations") {
+        let name = entry.expect("an entry").file_name();
+        if name.to_string_lossy().as_ref() < "20261202000001" {
+            std::fs::copy(folder.join(&name), before.join(&name)).expect("copy");
+        }
+    }
+    let path = dir.path().join("old.db");
+    let mut conn = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .connect()
+        .await
+        .expect("a new file");
+    sqlx::migrate::Migrator::new(before.as_path())
+        .await
+        .expect("the migrations before the numbers")
+        .run(&mut conn)
+        .await
+        .expect("applied");
+    sqlx::raw_sql(
+        "INSERT INTO workflow VALUES (1, 'w', 1, '', printf('%064d', 0), '{}', 0);
+         INSERT INTO task (workflow_id, key, position, task_type, depends_on, max_attempts)
+         VALUES (1, 'a', 0, 'noop', '[]', 1);
+         INSERT INTO workflow_run (id, workflow_id, state, input, created_at)
+         VALUES ('00000000-0000-7000-8000-000000000001', 1, 'running', '{}', 0),
+                ('00000000-0000-7000-8000-000000000002', 1, 'running', '{}', 0);
+         INSERT INTO task_run (id, run_id, task_key, state, pending_deps, created_at, attempt, fencing_token)
+         VALUES (1, '00000000-0000-7000-8000-000000000001', 'a', 'ready', 0, 0, 2, 1);
+         INSERT INTO task_run_event (id, task_run_id, run_id, task_key, transition, from_state, to_state, attempt,
+                                     fencing_token, at)
+         VALUES (1, 1, '00000000-0000-7000-8000-000000000001', 'a', 'claim', 'ready', 'running', 1, 1, 0),
+                (4, 1, '00000000-0000-7000-8000-000000000001', 'a', 'reap_lease', 'running', 'ready', 2, 1, 0);
+         INSERT INTO workflow_run_event (id, run_id, transition, from_state, to_state, at)
+         VALUES (2, '00000000-0000-7000-8000-000000000001', 'start', 'pending', 'running', 0),
+                (3, '00000000-0000-7000-8000-000000000002', 'start', 'pending', 'running', 0);",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("a history");
+    conn.close().await.expect("close");
+
+    let store = open(&path).await;
+    let run: flowforge_ports::RunId = "00000000-0000-7000-8000-000000000001".parse().expect("a run id");
+    let numbered = |events: &[flowforge_ports::EventView]| -> Vec<(u64, String)> {
+        events.iter().map(|e| (e.seq, e.transition.clone())).collect()
+    };
+    let history = store.run_events(run, 0, 10).await.expect("run_events");
+    assert_eq!(
+        numbered(&history),
+        [
+            (1, "claim".to_owned()),
+            (2, "start".to_owned()),
+            (3, "reap_lease".to_owned())
+        ]
+    );
+    let other: flowforge_ports::RunId = "00000000-0000-7000-8000-000000000002".parse().expect("a run id");
+    assert_eq!(
+        numbered(&store.run_events(other, 0, 10).await.expect("run_events")),
+        [(1, "start".to_owned())]
+    );
+    let claimed = store
+        .claim_task_run(
+            flowforge_ports::TaskRunId(1),
+            1,
+            &WorkerId("w".into()),
+            Duration::from_secs(300),
+        )
+        .await
+        .expect("claim")
+        .expect("the claim wins");
+    assert_eq!(claimed.token, 2);
+    let next = store.run_events(run, 3, 10).await.expect("run_events");
+    assert_eq!(numbered(&next), [(4, "claim".to_owned())]);
+}

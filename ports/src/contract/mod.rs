@@ -101,6 +101,16 @@ macro_rules! store_contract_tests {
             task_inputs_past_their_limit_are_refused,
             stale_write_audits_are_capped_per_task_run,
             random_operation_sequences_match_the_model,
+            event_seq_numbers_a_runs_history_without_gaps,
+            run_events_pages_after_a_sequence_number,
+            keyed_starts_replay_the_first_run,
+            concurrent_keyed_starts_start_one_run,
+            run_pages_filter_by_state_workflow_and_time,
+            run_pages_walk_every_earlier_run_once,
+            list_definitions_by_name_then_newest_version,
+            tokens_are_created_found_expired_and_revoked,
+            concurrent_token_creates_with_one_name_make_one,
+            gauges_count_active_work_and_the_store_is_ready,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
@@ -118,6 +128,7 @@ const LONG: Duration = Duration::from_secs(300);
 /// How long a case waits for a wake-up before calling it missing.
 const WAKE: Duration = Duration::from_secs(5);
 
+mod api;
 mod claims;
 mod definitions;
 mod finishing;
@@ -130,6 +141,7 @@ mod queries;
 mod reads;
 mod reaper;
 
+pub use api::*;
 pub use claims::*;
 pub use definitions::*;
 pub use finishing::*;
