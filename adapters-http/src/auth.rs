@@ -27,7 +27,9 @@ pub(crate) async fn require(state: &ApiState, headers: &HeaderMap, scope: ApiSco
         return Ok(());
     }
     let Some(value) = headers.get(header::AUTHORIZATION) else {
-        return Err(unauthorised("this route needs a token: send Authorization: Bearer <token>"));
+        return Err(unauthorised(
+            "this route needs a token: send Authorization: Bearer <token>",
+        ));
     };
     let secret = value
         .to_str()
@@ -36,10 +38,7 @@ pub(crate) async fn require(state: &ApiState, headers: &HeaderMap, scope: ApiSco
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .ok_or_else(|| unauthorised("the Authorization header must be `Bearer <token>`"))?;
-    let verdict = state
-        .backend()
-        .verify(secret)
-        .await?;
+    let verdict = state.backend().verify(secret).await?;
     match &verdict {
         Verdict::Unknown => Err(unauthorised("the token is not known")),
         Verdict::Expired => Err(unauthorised("the token has expired")),

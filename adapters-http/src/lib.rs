@@ -41,7 +41,9 @@ pub enum Error {
 
 /// Binds `addr`.
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
-    TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { addr, source })
 }
 
 /// Serves `router` on `listener` until `shutdown` is cancelled; then

@@ -31,10 +31,20 @@ fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_counter!("flowforge_runs_started_total", "Runs started by this process");
     describe_counter!("flowforge_runs_finished_total", "Runs this process settled, by state");
-    describe_counter!("flowforge_task_attempts_total", "Task attempts this process ended, by outcome");
-    describe_histogram!("flowforge_task_duration_seconds", metrics::Unit::Seconds, "From claim to stored outcome");
+    describe_counter!(
+        "flowforge_task_attempts_total",
+        "Task attempts this process ended, by outcome"
+    );
+    describe_histogram!(
+        "flowforge_task_duration_seconds",
+        metrics::Unit::Seconds,
+        "From claim to stored outcome"
+    );
     describe_counter!("flowforge_leases_reaped_total", "Expired leases taken back");
-    describe_counter!("flowforge_stale_writes_rejected_total", "Outcomes refused for a stale fencing token");
+    describe_counter!(
+        "flowforge_stale_writes_rejected_total",
+        "Outcomes refused for a stale fencing token"
+    );
     describe_gauge!("flowforge_worker_slots", "Worker slots, total and busy");
     describe_gauge!("flowforge_queue_depth", "Task runs ready and waiting for a worker");
     describe_gauge!("flowforge_tasks_running", "Task runs holding a lease");

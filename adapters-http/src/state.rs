@@ -53,7 +53,9 @@ struct Inner {
 
 impl std::fmt::Debug for ApiState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiState").field("config", &self.0.config).finish_non_exhaustive()
+        f.debug_struct("ApiState")
+            .field("config", &self.0.config)
+            .finish_non_exhaustive()
     }
 }
 

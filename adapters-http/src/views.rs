@@ -2,8 +2,8 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use flowforge_app::RunReport;
-use flowforge_ports::store::{DefinitionSummary, EventView, Published, RunSummary};
 use flowforge_ports::WorkerInfo;
+use flowforge_ports::store::{DefinitionSummary, EventView, Published, RunSummary};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use flowforge_domain::RunState;
-use flowforge_ports::FinishResult;
 use flowforge_domain::TaskRunState;
+use flowforge_ports::FinishResult;
 
 /// A run started.
 pub(crate) fn run_started(workflow: &str) {

@@ -168,7 +168,12 @@ impl<S: Store> Service<S> {
     /// the same key starts nothing and names the first run
     /// ([`KeyedStart::Replayed`], or [`KeyedStart::Reused`] when its
     /// request differed). The input is checked first, as in [`Service::start`].
-    pub async fn start_keyed(&self, workflow: WorkflowId, input: Value, key: &IdempotencyKey) -> Result<KeyedStart, Error> {
+    pub async fn start_keyed(
+        &self,
+        workflow: WorkflowId,
+        input: Value,
+        key: &IdempotencyKey,
+    ) -> Result<KeyedStart, Error> {
         limits::check_value(ValueKind::RunInput, &input, self.limits.run_input_bytes)?;
         let started = self.store.start_run_keyed(workflow, input, key).await?;
         if matches!(started, KeyedStart::Started(_)) {

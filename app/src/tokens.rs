@@ -65,7 +65,9 @@ impl fmt::Display for ApiScope {
 
 /// A scope name that is not one of [`ApiScope::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown scope '{0}'; scopes are definitions:read, definitions:write, runs:read, runs:write, workers:read, admin")]
+#[error(
+    "unknown scope '{0}'; scopes are definitions:read, definitions:write, runs:read, runs:write, workers:read, admin"
+)]
 pub struct UnknownScope(pub String);
 
 impl FromStr for ApiScope {

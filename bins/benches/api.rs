@@ -37,7 +37,10 @@ impl Drop for ServerProc {
 
 fn flowforge(db: &str, dir: &std::path::Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_flowforge"));
-    cmd.current_dir(dir).env("FLOWFORGE_DB", db).env_remove("RUST_LOG").stdin(Stdio::null());
+    cmd.current_dir(dir)
+        .env("FLOWFORGE_DB", db)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
     cmd
 }
 
@@ -231,8 +234,11 @@ async fn start_scenario(name: &str, db: &str, rate: u64) -> Value {
         http: reqwest::Client::new(),
         server: start_server(db),
     });
-    api.publish(&support::definition("one", vec![json!({"key": "a", "task_type": "noop"})]))
-        .await;
+    api.publish(&support::definition(
+        "one",
+        vec![json!({"key": "a", "task_type": "noop"})],
+    ))
+    .await;
     // Warm up: connections, caches.
     closed_loop(&api, "one", 8, 1).await;
     let max = closed_loop(&api, "one", 32, secs).await;

@@ -112,15 +112,30 @@ const TARGETS: &[Target] = &[
         2_000.0,
         "POST /runs on SQLite at 2 000/s: sustained",
     ),
-    at_most("start_sqlite", "p99_ms", 20.0, "POST /runs on SQLite at 2 000/s: p99 ≤ 20 ms"),
+    at_most(
+        "start_sqlite",
+        "p99_ms",
+        20.0,
+        "POST /runs on SQLite at 2 000/s: p99 ≤ 20 ms",
+    ),
     at_least(
         "start_pg",
         "achieved_per_s",
         1_000.0,
         "POST /runs on PostgreSQL at 1 000/s: sustained",
     ),
-    at_most("start_pg", "p99_ms", 20.0, "POST /runs on PostgreSQL at 1 000/s: p99 ≤ 20 ms"),
-    at_most("get_run_1000", "p99_ms", 20.0, "GET /runs/{id} of a 1 000-task run: p99 ≤ 20 ms"),
+    at_most(
+        "start_pg",
+        "p99_ms",
+        20.0,
+        "POST /runs on PostgreSQL at 1 000/s: p99 ≤ 20 ms",
+    ),
+    at_most(
+        "get_run_1000",
+        "p99_ms",
+        20.0,
+        "GET /runs/{id} of a 1 000-task run: p99 ≤ 20 ms",
+    ),
     at_most(
         "sse_10000",
         "rss_growth_mib",

@@ -112,9 +112,8 @@ fn the_api_serves_the_run(stack: &Stack, run_id: &str) -> Result<()> {
     let token = token.trim();
     let port = docker::output(&mut stack.compose(&["port", "server", "8080"]))?;
     let addr = port.trim().to_owned();
-    let request = format!(
-        "GET /api/v1/runs/{run_id} HTTP/1.0\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n\r\n"
-    );
+    let request =
+        format!("GET /api/v1/runs/{run_id} HTTP/1.0\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n\r\n");
     let deadline = Instant::now() + std::time::Duration::from_secs(60);
     loop {
         let answer = (|| -> std::io::Result<String> {

@@ -45,12 +45,20 @@ fn invalid(e: &ParseError) -> Problem {
     ),
     security(("bearer" = ["definitions:write"]))
 )]
-pub(crate) async fn publish(State(state): State<ApiState>, headers: HeaderMap, raw: Bytes) -> Result<Response, Problem> {
+pub(crate) async fn publish(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Result<Response, Problem> {
     require(&state, &headers, ApiScope::DefinitionsWrite).await?;
     body::require_json(&headers)?;
     let def = schema::parse_definition(&raw).map_err(|e| invalid(&e))?;
     let published = state.backend().publish(&def).await?;
-    let status = if published.created { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if published.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((status, Json(DefinitionBody::from(&published))).into_response())
 }
 

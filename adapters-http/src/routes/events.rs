@@ -12,8 +12,8 @@ use axum::http::{HeaderMap, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use flowforge_app::tokens::ApiScope;
-use flowforge_ports::store::EventView;
 use flowforge_ports::RunId;
+use flowforge_ports::store::EventView;
 use futures_util::{Stream, StreamExt};
 
 use super::runs::run_id;
@@ -100,7 +100,9 @@ pub(crate) async fn events(
         return Ok(Json(long_poll(&state, run, after, Duration::from_secs(wait)).await?).into_response());
     }
     let keep_alive = KeepAlive::new().interval(state.config().keep_alive).text("keep-alive");
-    Ok(Sse::new(stream(state, run, after)).keep_alive(keep_alive).into_response())
+    Ok(Sse::new(stream(state, run, after))
+        .keep_alive(keep_alive)
+        .into_response())
 }
 
 async fn finished(state: &ApiState, run: RunId) -> Result<bool, Problem> {
@@ -150,7 +152,9 @@ fn stream(state: ApiState, run: RunId, after: u64) -> impl Stream<Item = Result<
         }
         loop {
             if state.shutdown().is_cancelled() {
-                let bye = SseEvent::default().event("shutdown").data("the server is stopping; reconnect with Last-Event-ID");
+                let bye = SseEvent::default()
+                    .event("shutdown")
+                    .data("the server is stopping; reconnect with Last-Event-ID");
                 return Some((vec![Ok(bye)], (state, after, Step::Ended)));
             }
             let events = match state.backend().events(run, after, BATCH).await {

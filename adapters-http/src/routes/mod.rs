@@ -106,7 +106,10 @@ fn panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
 pub fn router(state: ApiState) -> axum::Router {
     let (api, streams, _) = parts();
     let config = state.config().clone();
-    let timed = api.layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, config.request_timeout));
+    let timed = api.layer(TimeoutLayer::with_status_code(
+        StatusCode::SERVICE_UNAVAILABLE,
+        config.request_timeout,
+    ));
     let header = axum::http::HeaderName::from_static("x-request-id");
     timed
         .merge(streams)

@@ -25,9 +25,11 @@ pub(crate) async fn healthz() -> &'static str {
     responses((status = 200, description = "ready"), (status = 503, body = Problem))
 )]
 pub(crate) async fn readyz(State(state): State<ApiState>) -> Result<&'static str, Problem> {
-    state.backend().ready().await.map_err(|e| {
-        Problem::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", e.to_string())
-    })?;
+    state
+        .backend()
+        .ready()
+        .await
+        .map_err(|e| Problem::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", e.to_string()))?;
     Ok("ready\n")
 }
 

@@ -9,8 +9,8 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use flowforge_app::tokens::ApiScope;
 use flowforge_domain::RunState;
-use flowforge_ports::store::{CancelOutcome, IdempotencyKey, KeyedStart, RunCursor, RunQuery};
 use flowforge_ports::RunId;
+use flowforge_ports::store::{CancelOutcome, IdempotencyKey, KeyedStart, RunCursor, RunQuery};
 use sha2::{Digest, Sha256};
 
 use crate::auth::require;
@@ -113,7 +113,11 @@ fn decode_cursor(text: &str) -> Option<RunCursor> {
 fn time_param(name: &str, value: &str) -> Result<DateTime<Utc>, Problem> {
     DateTime::parse_from_rfc3339(value)
         .map(|t| t.with_timezone(&Utc))
-        .map_err(|e| Problem::bad_request(format!("{name} must be an RFC 3339 time such as 2026-12-01T10:00:00Z: {e}")))
+        .map_err(|e| {
+            Problem::bad_request(format!(
+                "{name} must be an RFC 3339 time such as 2026-12-01T10:00:00Z: {e}"
+            ))
+        })
 }
 
 fn run_query(raw: Option<&str>) -> Result<RunQuery, Problem> {

@@ -93,7 +93,9 @@ async fn call(app: &axum::Router, path: &str) -> (StatusCode, Value) {
     let request = Request::get(path).body(Body::empty()).unwrap_or_default();
     let response = app.clone().oneshot(request).await.unwrap_or_default();
     let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap_or_default();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap_or_default();
     (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }
 
@@ -137,7 +139,10 @@ fn the_committed_openapi_document_is_current() {
 #[test]
 fn no_route_bypasses_the_document() {
     let source = include_str!("mod.rs");
-    assert!(!source.contains(concat!(".route", "(")), "a route added outside routes!()");
+    assert!(
+        !source.contains(concat!(".route", "(")),
+        "a route added outside routes!()"
+    );
     let doc = super::openapi();
     let paths: Vec<&str> = doc.paths.paths.keys().map(String::as_str).collect();
     for expected in [
@@ -162,7 +167,11 @@ fn no_route_bypasses_the_document() {
         .paths
         .paths
         .values()
-        .flat_map(|item| [&item.get, &item.post, &item.put, &item.delete, &item.patch].into_iter().flatten())
+        .flat_map(|item| {
+            [&item.get, &item.post, &item.put, &item.delete, &item.patch]
+                .into_iter()
+                .flatten()
+        })
         .filter_map(|op| op.operation_id.as_deref())
         .collect();
     let unique: std::collections::BTreeSet<&str> = ids.iter().copied().collect();

@@ -23,7 +23,12 @@ use super::{Exit, Global};
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// The address to serve on.
-    #[arg(long, env = "FLOWFORGE_LISTEN", default_value = "127.0.0.1:8080", value_name = "ADDR")]
+    #[arg(
+        long,
+        env = "FLOWFORGE_LISTEN",
+        default_value = "127.0.0.1:8080",
+        value_name = "ADDR"
+    )]
     pub(crate) listen: SocketAddr,
     /// Serve without tokens. Refused unless the address is loopback.
     #[arg(long)]
@@ -75,7 +80,11 @@ async fn serve<S: Store>(store: S, global: &Global, args: &Args, embedded: bool)
     let shutdown = CancellationToken::new();
     args.metrics.expose(&shutdown).await?;
     let config = ApiConfig {
-        auth: if args.no_auth { AuthMode::Disabled } else { AuthMode::Tokens },
+        auth: if args.no_auth {
+            AuthMode::Disabled
+        } else {
+            AuthMode::Tokens
+        },
         metrics_open: args.metrics_open,
         max_body: args.max_body,
         request_timeout: Duration::from_secs(args.request_timeout_seconds),

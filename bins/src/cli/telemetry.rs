@@ -6,6 +6,7 @@ use std::io;
 
 use flowforge_ports::RunId;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider};
+use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::filter::{EnvFilter, LevelFilter, filter_fn};
@@ -35,7 +36,11 @@ impl Drop for Telemetry {
 fn traces_url(endpoint: &str) -> String {
     let trimmed = endpoint.trim_end_matches('/');
     let has_path = trimmed.split_once("://").is_some_and(|(_, rest)| rest.contains('/'));
-    if has_path { trimmed.to_owned() } else { format!("{trimmed}/v1/traces") }
+    if has_path {
+        trimmed.to_owned()
+    } else {
+        format!("{trimmed}/v1/traces")
+    }
 }
 
 /// The trace every span about `run` belongs to: the run id's 128 bits are
@@ -74,7 +79,11 @@ pub(crate) fn init(format: LogFormat, default_level: &str, otlp: Option<&str>) -
                 .build()?;
             let provider = SdkTracerProvider::builder()
                 .with_batch_exporter(exporter)
-                .with_resource(opentelemetry_sdk::Resource::builder().with_service_name("flowforge").build())
+                .with_resource(
+                    opentelemetry_sdk::Resource::builder()
+                        .with_service_name("flowforge")
+                        .build(),
+                )
                 .build();
             let layer = tracing_opentelemetry::layer()
                 .with_tracer(provider.tracer("flowforge"))

@@ -96,7 +96,13 @@ async fn execute<S: Store>(store: &S, command: Command) -> anyhow::Result<Exit> 
                     TokenStatus::Revoked => "revoked",
                 };
                 let expires = t.expires_at.map_or_else(|| "never".to_owned(), |e| e.to_rfc3339());
-                text.push_str(&format!("{:<24} {:<8} {:<26} {}\n", t.name, status, expires, t.scopes.join(",")));
+                text.push_str(&format!(
+                    "{:<24} {:<8} {:<26} {}\n",
+                    t.name,
+                    status,
+                    expires,
+                    t.scopes.join(",")
+                ));
             }
             print_report(&text)?;
             Ok(Exit::Ok)

@@ -311,11 +311,11 @@ fn the_report_schema_refuses_what_design_7_does_not_allow() {
             {"key": "undo_a", "compensate_for": "a", "state": "not_run", "attempt": 0, "output": null, "error": null}
         ],
         "events": [
-            {"task": "a", "transition": "claim", "from": "ready", "to": "running", "attempt": 1, "token": 1,
+            {"seq": 1, "task": "a", "transition": "claim", "from": "ready", "to": "running", "attempt": 1, "token": 1,
              "worker": "w1", "at": "2026-11-29T12:08:48.436Z", "error": null},
-            {"task": "a", "transition": "stale_write_rejected", "from": null, "to": null, "attempt": 1,
+            {"seq": 2, "task": "a", "transition": "stale_write_rejected", "from": null, "to": null, "attempt": 1,
              "token": 1, "worker": "w0", "at": "2026-11-29T12:08:48.437Z", "error": "stale"},
-            {"task": null, "transition": "fail", "from": "running", "to": "failed", "attempt": null,
+            {"seq": 3, "task": null, "transition": "fail", "from": "running", "to": "failed", "attempt": null,
              "token": null, "worker": null, "at": "2026-11-29T12:08:48.554Z", "error": null}
         ]
     });

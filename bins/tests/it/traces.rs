@@ -73,7 +73,11 @@ fn a_runs_spans_reach_the_collector_in_the_runs_trace() {
     // The exporter flushed before the process exited.
     let received = received.lock().expect("lock");
     assert!(!received.is_empty(), "nothing reached the collector");
-    assert!(received.iter().all(|(line, _)| line.starts_with("POST /v1/traces ")), "{:?}", received.iter().map(|r| &r.0).collect::<Vec<_>>());
+    assert!(
+        received.iter().all(|(line, _)| line.starts_with("POST /v1/traces ")),
+        "{:?}",
+        received.iter().map(|r| &r.0).collect::<Vec<_>>()
+    );
     let everything: Vec<u8> = received.iter().flat_map(|(_, body)| body.clone()).collect();
     let contains = |needle: &[u8]| everything.windows(needle.len()).any(|w| w == needle);
     assert!(contains(b"flowforge.task.execute"), "no task span exported");

@@ -2,19 +2,31 @@
 
 use serde_json::{Value, json};
 
-use super::{Api, definition, json_of, on_both};
+use super::{definition, json_of, on_both};
 
 on_both!(definitions_publish_read_and_refuse, &[], |api| {
-    let def = definition("etl", 1, &[("a", "noop", &[], json!({})), ("b", "echo", &["a"], json!({}))]);
+    let def = definition(
+        "etl",
+        1,
+        &[("a", "noop", &[], json!({})), ("b", "echo", &["a"], json!({}))],
+    );
     let first = api.post("/api/v1/definitions", &def).send().await.expect("answers");
     let first = json_of(first, 201).await;
     assert_eq!(first["levels"], json!([["a"], ["b"]]));
-    let again = json_of(api.post("/api/v1/definitions", &def).send().await.expect("answers"), 200).await;
+    let again = json_of(
+        api.post("/api/v1/definitions", &def).send().await.expect("answers"),
+        200,
+    )
+    .await;
     assert_eq!(again["fingerprint"], first["fingerprint"]);
 
     // Same name and version, other content: 409 with both fingerprints.
     let other = definition("etl", 1, &[("a", "noop", &[], json!({}))]);
-    let conflict = json_of(api.post("/api/v1/definitions", &other).send().await.expect("answers"), 409).await;
+    let conflict = json_of(
+        api.post("/api/v1/definitions", &other).send().await.expect("answers"),
+        409,
+    )
+    .await;
     assert_eq!(conflict["code"], "definition_conflict");
     assert_eq!(conflict["existing_fingerprint"], first["fingerprint"]);
     assert!(conflict["new_fingerprint"].is_string());
@@ -24,10 +36,19 @@ on_both!(definitions_publish_read_and_refuse, &[], |api| {
         {"key": "a", "task_type": "noop", "depends_on": ["ghost"]},
         {"key": "b", "task_type": "noop", "timeout_seconds": -1}
     ]});
-    let invalid = json_of(api.post("/api/v1/definitions", &bad).send().await.expect("answers"), 422).await;
+    let invalid = json_of(
+        api.post("/api/v1/definitions", &bad).send().await.expect("answers"),
+        422,
+    )
+    .await;
     assert_eq!(invalid["code"], "invalid_definition");
     let errors = invalid["errors"].as_array().expect("errors");
-    assert!(errors.iter().all(|e| e["kind"].is_string() && e["path"].as_str().is_some_and(|p| p.starts_with('$'))), "{invalid:#}");
+    assert!(
+        errors
+            .iter()
+            .all(|e| e["kind"].is_string() && e["path"].as_str().is_some_and(|p| p.starts_with('$'))),
+        "{invalid:#}"
+    );
 
     // Malformed JSON: 400 with the position; wrong type: 415.
     let malformed = api
@@ -41,7 +62,10 @@ on_both!(definitions_publish_read_and_refuse, &[], |api| {
         .expect("answers");
     let malformed = json_of(malformed, 400).await;
     assert_eq!(malformed["code"], "malformed_json");
-    assert!(malformed["detail"].as_str().is_some_and(|d| d.contains("line 1")), "{malformed:#}");
+    assert!(
+        malformed["detail"].as_str().is_some_and(|d| d.contains("line 1")),
+        "{malformed:#}"
+    );
     let text = api
         .http
         .post(api.url("/api/v1/definitions"))
@@ -54,13 +78,19 @@ on_both!(definitions_publish_read_and_refuse, &[], |api| {
     assert_eq!(json_of(text, 415).await["code"], "unsupported_media_type");
 
     // Reads.
-    api.publish(&definition("etl", 2, &[("a", "noop", &[], json!({}))])).await;
+    api.publish(&definition("etl", 2, &[("a", "noop", &[], json!({}))]))
+        .await;
     let all = api.get_json("/api/v1/definitions", 200).await;
     let names: Vec<(String, u64)> = all["items"]
         .as_array()
         .expect("items")
         .iter()
-        .map(|d| (d["name"].as_str().unwrap_or_default().to_owned(), d["version"].as_u64().unwrap_or_default()))
+        .map(|d| {
+            (
+                d["name"].as_str().unwrap_or_default().to_owned(),
+                d["version"].as_u64().unwrap_or_default(),
+            )
+        })
         .collect();
     assert_eq!(names, vec![("etl".to_owned(), 2), ("etl".to_owned(), 1)]);
     let versions = api.get_json("/api/v1/definitions/etl", 200).await;
@@ -69,7 +99,10 @@ on_both!(definitions_publish_read_and_refuse, &[], |api| {
     assert_eq!(one["fingerprint"], first["fingerprint"]);
     assert_eq!(one["definition"]["name"], "etl");
     assert_eq!(api.get_json("/api/v1/definitions/nope", 404).await["code"], "not_found");
-    assert_eq!(api.get_json("/api/v1/definitions/etl/versions/9", 404).await["code"], "not_found");
+    assert_eq!(
+        api.get_json("/api/v1/definitions/etl/versions/9", 404).await["code"],
+        "not_found"
+    );
 });
 
 on_both!(limits_are_enforced_with_problems, &["--max-body", "100000"], |api| {
@@ -90,10 +123,15 @@ on_both!(limits_are_enforced_with_problems, &["--max-body", "100000"], |api| {
         .await
         .expect("answers");
     let problem = json_of(response, 400).await;
-    assert!(problem["detail"].as_str().is_some_and(|d| d.contains("128")), "{problem:#}");
+    assert!(
+        problem["detail"].as_str().is_some_and(|d| d.contains("128")),
+        "{problem:#}"
+    );
 
     // More than 10 000 tasks: 422, as `validate` says.
-    let tasks: Vec<Value> = (0..10_001).map(|i| json!({"key": format!("t{i}"), "task_type": "noop"})).collect();
+    let tasks: Vec<Value> = (0..10_001)
+        .map(|i| json!({"key": format!("t{i}"), "task_type": "noop"}))
+        .collect();
     let huge = json!({"name": "huge", "version": 1, "tasks": tasks});
     let response = api
         .http
@@ -113,11 +151,22 @@ on_both!(limits_are_enforced_with_problems, &["--max-body", "100000"], |api| {
 });
 
 on_both!(too_many_tasks_is_invalid, &[], |api| {
-    let tasks: Vec<Value> = (0..10_001).map(|i| json!({"key": format!("t{i}"), "task_type": "noop"})).collect();
+    let tasks: Vec<Value> = (0..10_001)
+        .map(|i| json!({"key": format!("t{i}"), "task_type": "noop"}))
+        .collect();
     let huge = json!({"name": "huge", "version": 1, "tasks": tasks});
-    let problem = json_of(api.post("/api/v1/definitions", &huge).send().await.expect("answers"), 422).await;
+    let problem = json_of(
+        api.post("/api/v1/definitions", &huge).send().await.expect("answers"),
+        422,
+    )
+    .await;
     assert_eq!(problem["code"], "invalid_definition");
-    assert!(problem["detail"].as_str().is_some_and(|d| d.contains("10000") || d.contains("10 000")), "{problem:#}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("10000") || d.contains("10 000")),
+        "{problem:#}"
+    );
 });
 
 on_both!(health_readiness_metrics_and_the_document, &[], |api| {
@@ -127,14 +176,32 @@ on_both!(health_readiness_metrics_and_the_document, &[], |api| {
     assert_eq!(ready.status().as_u16(), 200);
 
     // The counters move during a run.
-    api.publish(&definition("m", 1, &[("a", "noop", &[], json!({})), ("b", "fail", &["a"], json!({}))])).await;
+    api.publish(&definition(
+        "m",
+        1,
+        &[("a", "noop", &[], json!({})), ("b", "fail", &["a"], json!({}))],
+    ))
+    .await;
     let id = api.start_run("m", json!({})).await;
     assert_eq!(api.wait_run(&id).await["state"], "failed");
     let closed = api.http.get(api.url("/metrics")).send().await.expect("answers");
     assert_eq!(closed.status().as_u16(), 401);
-    let metrics = api.get("/metrics").send().await.expect("answers").text().await.expect("text");
-    assert!(metrics.contains("flowforge_runs_started_total{workflow=\"m\"} 1"), "{metrics}");
-    assert!(metrics.contains("flowforge_http_requests_total{route=\"/api/v1/runs\",status=\"201\"} 1"), "{metrics}");
+    let metrics = api
+        .get("/metrics")
+        .send()
+        .await
+        .expect("answers")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("flowforge_runs_started_total{workflow=\"m\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("flowforge_http_requests_total{route=\"/api/v1/runs\",status=\"201\"} 1"),
+        "{metrics}"
+    );
     assert!(metrics.contains("flowforge_queue_depth"), "{metrics}");
     assert!(!metrics.contains(&id), "a run id in a label: {metrics}");
 

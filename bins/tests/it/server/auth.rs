@@ -37,7 +37,11 @@ on_both!(tokens_and_scopes, &[], |api| {
         assert_eq!(unknown.status().as_u16(), 401, "{method} {path} unknown token");
         let scoped = api.token(&format!("only-{}", scope.replace(':', "-")), &[scope]);
         let allowed = request(method, path, Some(&scoped)).await.expect("answers");
-        assert!(![401, 403].contains(&allowed.status().as_u16()), "{method} {path} with {scope}: {}", allowed.status());
+        assert!(
+            ![401, 403].contains(&allowed.status().as_u16()),
+            "{method} {path} with {scope}: {}",
+            allowed.status()
+        );
         if scope != "runs:read" {
             let denied = request(method, path, Some(&reader)).await.expect("answers");
             let problem = json_of(denied, 403).await;
@@ -52,14 +56,26 @@ on_both!(tokens_and_scopes, &[], |api| {
     assert_eq!(json_of(revoked, 401).await["detail"], "the token was revoked");
     let out = api.cli(["tokens", "revoke", "reader"]);
     assert_eq!(out.code, 2, "{out:?}");
-    let out = api.cli(["tokens", "create", "--name", "brief", "--scope", "runs:read", "--expires-in", "1s"]);
+    let out = api.cli([
+        "tokens",
+        "create",
+        "--name",
+        "brief",
+        "--scope",
+        "runs:read",
+        "--expires-in",
+        "1s",
+    ]);
     assert_eq!(out.code, 0, "{out:?}");
     let brief = out.stdout.trim().to_owned();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let expired = request("GET", "/api/v1/runs", Some(&brief)).await.expect("answers");
     assert_eq!(json_of(expired, 401).await["detail"], "the token has expired");
     let list = api.cli(["tokens", "list"]);
-    assert!(list.stdout.contains("revoked") && list.stdout.contains("expired"), "{list:?}");
+    assert!(
+        list.stdout.contains("revoked") && list.stdout.contains("expired"),
+        "{list:?}"
+    );
     assert!(!list.stdout.contains(&brief), "a secret in the list");
     let dup = api.cli(["tokens", "create", "--name", "brief", "--scope", "runs:read"]);
     assert_eq!(dup.code, 2, "{dup:?}");

@@ -133,9 +133,14 @@ async fn sigterm_ends_open_streams_and_exits_zero() {
         unreachable!("SQLite needs no service")
     };
     // A task still running at SIGTERM: the engine drains it (2 s).
-    api.publish(&definition("long", 1, &[("nap", "sleep", &[], json!({"seconds": 2}))])).await;
+    api.publish(&definition("long", 1, &[("nap", "sleep", &[], json!({"seconds": 2}))]))
+        .await;
     let id = api.start_run("long", json!({})).await;
-    let response = api.get(&format!("/api/v1/runs/{id}/events")).send().await.expect("answers");
+    let response = api
+        .get(&format!("/api/v1/runs/{id}/events"))
+        .send()
+        .await
+        .expect("answers");
     let (open, mut opened) = tokio::sync::mpsc::unbounded_channel();
     let reader = tokio::spawn(read(response, move |e| {
         let _ = open.send(());

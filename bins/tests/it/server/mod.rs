@@ -130,7 +130,10 @@ impl Api {
             if let Some(status) = self.server.try_wait().expect("try_wait") {
                 panic!("the server exited ({status}) before listening:\n{log}");
             }
-            assert!(Instant::now() < deadline, "the server did not listen within {PATIENCE:?}:\n{log}");
+            assert!(
+                Instant::now() < deadline,
+                "the server did not listen within {PATIENCE:?}:\n{log}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -141,7 +144,10 @@ impl Api {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let args: Vec<String> = args.into_iter().map(|a| a.as_ref().to_string_lossy().into_owned()).collect();
+        let args: Vec<String> = args
+            .into_iter()
+            .map(|a| a.as_ref().to_string_lossy().into_owned())
+            .collect();
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let output = Self::command_in(self.cluster.as_ref(), &self.db_url, &self.dir, &refs)
             .output()
@@ -210,7 +216,11 @@ impl Api {
             if matches!(report["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
                 return report;
             }
-            assert!(Instant::now() < deadline, "run {id} did not end: {report:#}\n{}", self.logs());
+            assert!(
+                Instant::now() < deadline,
+                "run {id} did not end: {report:#}\n{}",
+                self.logs()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -251,7 +261,10 @@ impl Drop for Api {
             let _ = self.server.wait();
         }
         if std::thread::panicking() {
-            eprintln!("the server's log:\n{}", std::fs::read_to_string(&self.stderr).unwrap_or_default());
+            eprintln!(
+                "the server's log:\n{}",
+                std::fs::read_to_string(&self.stderr).unwrap_or_default()
+            );
         }
     }
 }

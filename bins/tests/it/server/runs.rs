@@ -7,18 +7,33 @@ use serde_json::{Value, json};
 use super::{definition, json_of, on_both};
 
 on_both!(a_run_is_started_watched_and_read, &[], |api| {
-    api.publish(&definition("flow", 1, &[("a", "noop", &[], json!({"output": {"n": 1}})), ("b", "echo", &["a"], json!({}))]))
+    api.publish(&definition(
+        "flow",
+        1,
+        &[
+            ("a", "noop", &[], json!({"output": {"n": 1}})),
+            ("b", "echo", &["a"], json!({})),
+        ],
+    ))
+    .await;
+    api.publish(&definition("flow", 2, &[("only", "noop", &[], json!({}))]))
         .await;
-    api.publish(&definition("flow", 2, &[("only", "noop", &[], json!({}))])).await;
     // No version: the latest.
-    let response = api.post("/api/v1/runs", &json!({"workflow": "flow"})).send().await.expect("answers");
+    let response = api
+        .post("/api/v1/runs", &json!({"workflow": "flow"}))
+        .send()
+        .await
+        .expect("answers");
     let started = json_of(response, 201).await;
     assert_eq!(started["version"], 2);
     let report = api.wait_run(started["id"].as_str().expect("id")).await;
     assert_eq!(report["state"], "succeeded");
 
     let response = api
-        .post("/api/v1/runs", &json!({"workflow": "flow", "version": 1, "input": {"x": 1}}))
+        .post(
+            "/api/v1/runs",
+            &json!({"workflow": "flow", "version": 1, "input": {"x": 1}}),
+        )
         .send()
         .await
         .expect("answers");
@@ -37,27 +52,59 @@ on_both!(a_run_is_started_watched_and_read, &[], |api| {
     assert_eq!(items.len(), 1, "{attempts:#}");
     assert_eq!(items[0]["state"], "succeeded");
     assert_eq!(items[0]["attempt"], 1);
-    assert!(items[0]["token"].is_i64() && items[0]["worker"].is_string(), "{attempts:#}");
+    assert!(
+        items[0]["token"].is_i64() && items[0]["worker"].is_string(),
+        "{attempts:#}"
+    );
     assert_eq!(items[0]["output"], report["tasks"][1]["output"]);
-    assert_eq!(api.get_json(&format!("/api/v1/runs/{id}/tasks/zz/attempts"), 404).await["code"], "not_found");
+    assert_eq!(
+        api.get_json(&format!("/api/v1/runs/{id}/tasks/zz/attempts"), 404).await["code"],
+        "not_found"
+    );
 
     // Cancelling a finished run: 409; unknown runs and workflows: 404.
-    let response = api.post(&format!("/api/v1/runs/{id}/cancel"), &json!({})).send().await.expect("answers");
+    let response = api
+        .post(&format!("/api/v1/runs/{id}/cancel"), &json!({}))
+        .send()
+        .await
+        .expect("answers");
     assert_eq!(json_of(response, 409).await["code"], "run_finished");
     let nil = "00000000-0000-0000-0000-000000000000";
-    assert_eq!(api.get_json(&format!("/api/v1/runs/{nil}"), 404).await["code"], "not_found");
+    assert_eq!(
+        api.get_json(&format!("/api/v1/runs/{nil}"), 404).await["code"],
+        "not_found"
+    );
     assert_eq!(api.get_json("/api/v1/runs/not-a-uuid", 404).await["code"], "not_found");
-    let response = api.post("/api/v1/runs", &json!({"workflow": "ghost"})).send().await.expect("answers");
+    let response = api
+        .post("/api/v1/runs", &json!({"workflow": "ghost"}))
+        .send()
+        .await
+        .expect("answers");
     assert_eq!(json_of(response, 404).await["code"], "not_found");
-    let response = api.post("/api/v1/runs", &json!({"workflow": "flow", "colour": 1})).send().await.expect("answers");
+    let response = api
+        .post("/api/v1/runs", &json!({"workflow": "flow", "colour": 1}))
+        .send()
+        .await
+        .expect("answers");
     assert_eq!(json_of(response, 422).await["code"], "invalid_request");
 });
 
 on_both!(a_running_run_is_cancelled, &[], |api| {
-    api.publish(&definition("slow", 1, &[("nap", "sleep", &[], json!({"seconds": 60})), ("after", "noop", &["nap"], json!({}))]))
-        .await;
+    api.publish(&definition(
+        "slow",
+        1,
+        &[
+            ("nap", "sleep", &[], json!({"seconds": 60})),
+            ("after", "noop", &["nap"], json!({})),
+        ],
+    ))
+    .await;
     let id = api.start_run("slow", json!({})).await;
-    let response = api.post(&format!("/api/v1/runs/{id}/cancel"), &json!({})).send().await.expect("answers");
+    let response = api
+        .post(&format!("/api/v1/runs/{id}/cancel"), &json!({}))
+        .send()
+        .await
+        .expect("answers");
     let body = json_of(response, 202).await;
     assert_eq!(body["cancel"], "requested");
     let report = api.wait_run(&id).await;
@@ -65,7 +112,8 @@ on_both!(a_running_run_is_cancelled, &[], |api| {
 });
 
 on_both!(idempotency_keys_start_one_run, &[], |api| {
-    api.publish(&definition("once", 1, &[("a", "noop", &[], json!({}))])).await;
+    api.publish(&definition("once", 1, &[("a", "noop", &[], json!({}))]))
+        .await;
     let body = json!({"workflow": "once", "input": {"order": 7}});
     let send = |key: &'static str, body: Value| {
         api.http
@@ -79,10 +127,17 @@ on_both!(idempotency_keys_start_one_run, &[], |api| {
     assert!(first.headers().get("idempotent-replayed").is_none());
     let first = json_of(first, 201).await;
     // The same key and body, written in another key order: a replay.
-    let again = send("order-7", json!({"input": {"order": 7}, "workflow": "once"})).await.expect("answers");
-    assert_eq!(again.headers().get("idempotent-replayed").map(|v| v.as_bytes()), Some(&b"true"[..]));
+    let again = send("order-7", json!({"input": {"order": 7}, "workflow": "once"}))
+        .await
+        .expect("answers");
+    assert_eq!(
+        again.headers().get("idempotent-replayed").map(|v| v.as_bytes()),
+        Some(&b"true"[..])
+    );
     assert_eq!(json_of(again, 200).await, first);
-    let reused = send("order-7", json!({"workflow": "once", "input": {"order": 8}})).await.expect("answers");
+    let reused = send("order-7", json!({"workflow": "once", "input": {"order": 8}}))
+        .await
+        .expect("answers");
     let reused = json_of(reused, 422).await;
     assert_eq!(reused["code"], "idempotency_key_reused");
     assert_eq!(reused["run_id"], first["id"]);
@@ -135,14 +190,28 @@ on_both!(pages_walk_every_run_once, &[], |api| {
 
     // Filters: state (OR when repeated), workflow, time.
     let failed = api.get_json("/api/v1/runs?state=failed", 200).await;
-    let ids: Vec<&str> = failed["items"].as_array().expect("items").iter().filter_map(|i| i["id"].as_str()).collect();
+    let ids: Vec<&str> = failed["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|i| i["id"].as_str())
+        .collect();
     assert_eq!(ids, vec![q.as_str()]);
     let both = api.get_json("/api/v1/runs?workflow=p&workflow=q&limit=500", 200).await;
     assert!(both["items"].as_array().expect("items").len() > 8);
-    let none = api.get_json("/api/v1/runs?created_before=2000-01-01T00:00:00Z", 200).await;
+    let none = api
+        .get_json("/api/v1/runs?created_before=2000-01-01T00:00:00Z", 200)
+        .await;
     assert_eq!(none["items"], json!([]));
     assert_eq!(none["next_cursor"], Value::Null);
-    for bad in ["limit=0", "limit=501", "colour=red", "state=done", "cursor=zz", "created_after=yesterday"] {
+    for bad in [
+        "limit=0",
+        "limit=501",
+        "colour=red",
+        "state=done",
+        "cursor=zz",
+        "created_after=yesterday",
+    ] {
         let problem = api.get_json(&format!("/api/v1/runs?{bad}"), 400).await;
         assert_eq!(problem["code"], "bad_request", "{bad}: {problem:#}");
     }
