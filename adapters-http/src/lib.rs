@@ -17,7 +17,7 @@ use std::time::Duration;
 
 pub use auth::AuthMode;
 pub use backend::{Backend, ServiceBackend};
-pub use problem::Problem;
+pub use problem::{Problem, ProblemBody};
 pub use routes::{PREFIX, openapi, router};
 pub use state::{ApiConfig, ApiState};
 use tokio::net::TcpListener;

@@ -10,10 +10,20 @@ use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
-/// A problem document.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+/// A problem, as handlers return it (small: `Result<_, Problem>` is on
+/// every path); rendered as a [`ProblemBody`].
+#[derive(Debug, Clone)]
 pub struct Problem {
-    /// A URI naming the kind of problem (`about:blank` plus the code).
+    status: StatusCode,
+    code: &'static str,
+    detail: String,
+    extra: Box<serde_json::Map<String, Value>>,
+}
+
+/// A problem document as sent.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ProblemBody {
+    /// A URI naming the kind of problem.
     #[serde(rename = "type")]
     pub kind: String,
     /// A short summary of the kind.
@@ -25,21 +35,19 @@ pub struct Problem {
     /// The stable, machine-readable code.
     pub code: String,
     /// More about this occurrence (errors with paths, fingerprints, …).
-    #[serde(flatten, skip_serializing_if = "serde_json::Map::is_empty")]
+    #[serde(flatten)]
     #[schema(value_type = Object)]
     pub extra: serde_json::Map<String, Value>,
 }
 
 impl Problem {
     /// A problem with `status`, `code` and a detail.
-    pub fn new(status: StatusCode, code: &str, detail: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
         Self {
-            kind: format!("https://flowforge.dev/problems/{code}"),
-            title: status.canonical_reason().unwrap_or("Error").to_owned(),
-            status: status.as_u16(),
+            status,
+            code,
             detail: detail.into(),
-            code: code.to_owned(),
-            extra: serde_json::Map::new(),
+            extra: Box::default(),
         }
     }
 
@@ -65,15 +73,23 @@ impl Problem {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", detail)
     }
 
-    fn status(&self) -> StatusCode {
-        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    /// The document.
+    pub fn body(&self) -> ProblemBody {
+        ProblemBody {
+            kind: format!("https://flowforge.dev/problems/{}", self.code),
+            title: self.status.canonical_reason().unwrap_or("Error").to_owned(),
+            status: self.status.as_u16(),
+            detail: self.detail.clone(),
+            code: self.code.to_owned(),
+            extra: (*self.extra).clone(),
+        }
     }
 }
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let status = self.status();
-        let body = serde_json::to_vec(&self).unwrap_or_default();
+        let status = self.status;
+        let body = serde_json::to_vec(&self.body()).unwrap_or_default();
         let mut response = (status, body).into_response();
         let headers = response.headers_mut();
         headers.insert(

@@ -2,6 +2,7 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use flowforge_app::RunReport;
+use flowforge_app::report::EventReport;
 use flowforge_ports::WorkerInfo;
 use flowforge_ports::store::{DefinitionSummary, EventView, Published, RunSummary};
 use serde::{Deserialize, Serialize};
@@ -200,45 +201,17 @@ pub struct CancelAccepted {
     pub cancel: &'static str,
 }
 
-/// One event of a run's history.
+/// One event of a run's history, as the run report shows it: `seq` (1, 2,
+/// 3, … in commit order), `task` (null: the run's own transition),
+/// `transition`, `from`, `to`, `attempt`, `token`, `worker`, `at`, `error`.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Event {
-    /// 1, 2, 3, … in commit order.
-    pub seq: u64,
-    /// Task key (`null`: the run's own transition).
-    pub task: Option<String>,
-    /// Transition name, or `stale_write_rejected`.
-    pub transition: String,
-    /// Source state.
-    pub from: Option<String>,
-    /// Target state.
-    pub to: Option<String>,
-    /// Attempt.
-    pub attempt: Option<u32>,
-    /// Fencing token.
-    pub token: Option<i64>,
-    /// Worker.
-    pub worker: Option<String>,
-    /// When (RFC 3339).
-    pub at: String,
-    /// Error recorded with it.
-    pub error: Option<String>,
-}
+#[serde(transparent)]
+#[schema(value_type = Object)]
+pub struct Event(pub EventReport);
 
 impl From<&EventView> for Event {
     fn from(e: &EventView) -> Self {
-        Self {
-            seq: e.seq,
-            task: e.task.clone(),
-            transition: e.transition.clone(),
-            from: e.from.clone(),
-            to: e.to.clone(),
-            attempt: e.attempt,
-            token: e.token,
-            worker: e.worker.clone(),
-            at: time(e.at),
-            error: e.error.clone(),
-        }
+        Self(EventReport::from(e))
     }
 }
 

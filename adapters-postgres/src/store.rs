@@ -201,35 +201,12 @@ impl PgStore {
                 .await
                 .map_err(store_error)?;
         let applied: BTreeMap<i64, (bool, Vec<u8>)> = applied.into_iter().map(|(v, s, c)| (v, (s, c))).collect();
-        for m in MIGRATOR.iter() {
-            match applied.get(&m.version) {
-                None => {
-                    return Err(store::Error::Migration(format!(
-                        "migration {} ({}) is not applied",
-                        m.version, m.description
-                    )));
-                }
-                Some((false, _)) => {
-                    return Err(store::Error::Migration(format!(
-                        "migration {} ({}) failed part-way; repair the database",
-                        m.version, m.description
-                    )));
-                }
-                Some((true, checksum)) if checksum.as_slice() != &*m.checksum => {
-                    return Err(store::Error::Migration(format!(
-                        "migration {} ({}) was applied from different SQL than this binary carries",
-                        m.version, m.description
-                    )));
-                }
-                Some(_) => {}
-            }
-        }
-        if let Some(unknown) = applied.keys().find(|v| !MIGRATOR.version_exists(**v)) {
-            return Err(store::Error::Migration(format!(
-                "the database has migration {unknown}, which this binary does not know: it is older than the schema"
-            )));
-        }
-        Ok(())
+        store::check_migrations(
+            MIGRATOR
+                .iter()
+                .map(|m| (m.version, m.description.as_ref(), m.checksum.as_ref())),
+            &applied,
+        )
     }
 
     /// The pool, for tools that need raw SQL (benchmarks, diagnostics).

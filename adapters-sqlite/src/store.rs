@@ -307,35 +307,12 @@ impl SqliteStore {
             let checksum: Vec<u8> = col(row, 2)?;
             applied.insert(version, (success, checksum));
         }
-        for m in MIGRATOR.iter() {
-            match applied.get(&m.version) {
-                None => {
-                    return Err(store::Error::Migration(format!(
-                        "migration {} ({}) is not applied",
-                        m.version, m.description
-                    )));
-                }
-                Some((false, _)) => {
-                    return Err(store::Error::Migration(format!(
-                        "migration {} ({}) failed part-way",
-                        m.version, m.description
-                    )));
-                }
-                Some((true, checksum)) if checksum.as_slice() != &*m.checksum => {
-                    return Err(store::Error::Migration(format!(
-                        "migration {} ({}) was applied from different SQL than this binary carries",
-                        m.version, m.description
-                    )));
-                }
-                Some(_) => {}
-            }
-        }
-        if let Some(unknown) = applied.keys().find(|v| !MIGRATOR.version_exists(**v)) {
-            return Err(store::Error::Migration(format!(
-                "the database has migration {unknown}, which this binary does not know"
-            )));
-        }
-        Ok(())
+        store::check_migrations(
+            MIGRATOR
+                .iter()
+                .map(|m| (m.version, m.description.as_ref(), m.checksum.as_ref())),
+            &applied,
+        )
     }
 
     /// Closes every connection, waiting for calls in flight to finish;

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::auth::require;
 use crate::body;
-use crate::problem::Problem;
+use crate::problem::{Problem, ProblemBody};
 use crate::state::ApiState;
 use crate::views::{DefinitionBody, DefinitionItem, DefinitionList};
 
@@ -40,8 +40,8 @@ fn invalid(e: &ParseError) -> Problem {
     responses(
         (status = 201, description = "Published", body = DefinitionBody),
         (status = 200, description = "Already published with the same content", body = DefinitionBody),
-        (status = 409, description = "definition_conflict: the name and version hold other content", body = Problem),
-        (status = 422, description = "invalid_definition: every error with its kind and JSONPath", body = Problem),
+        (status = 409, description = "definition_conflict: the name and version hold other content", body = ProblemBody),
+        (status = 422, description = "invalid_definition: every error with its kind and JSONPath", body = ProblemBody),
     ),
     security(("bearer" = ["definitions:write"]))
 )]
@@ -80,7 +80,7 @@ pub(crate) async fn list(State(state): State<ApiState>, headers: HeaderMap) -> R
 #[utoipa::path(
     get, operation_id = "listDefinitionVersions", path = "/definitions/{name}", tag = "definitions",
     params(("name" = String, Path, description = "Workflow name")),
-    responses((status = 200, body = DefinitionList), (status = 404, body = Problem)),
+    responses((status = 200, body = DefinitionList), (status = 404, body = ProblemBody)),
     security(("bearer" = ["definitions:read"]))
 )]
 pub(crate) async fn versions(
@@ -102,7 +102,7 @@ pub(crate) async fn versions(
 #[utoipa::path(
     get, operation_id = "getDefinitionVersion", path = "/definitions/{name}/versions/{version}", tag = "definitions",
     params(("name" = String, Path, description = "Workflow name"), ("version" = u32, Path, description = "Version")),
-    responses((status = 200, body = DefinitionBody), (status = 404, body = Problem)),
+    responses((status = 200, body = DefinitionBody), (status = 404, body = ProblemBody)),
     security(("bearer" = ["definitions:read"]))
 )]
 pub(crate) async fn version(

@@ -18,7 +18,7 @@ use futures_util::{Stream, StreamExt};
 
 use super::runs::run_id;
 use crate::auth::require;
-use crate::problem::Problem;
+use crate::problem::{Problem, ProblemBody};
 use crate::state::ApiState;
 use crate::views::{Event, EventBatch};
 
@@ -76,7 +76,7 @@ fn params(raw: Option<&str>) -> Result<(Option<u64>, u64), Problem> {
     ),
     responses(
         (status = 200, description = "text/event-stream: one `transition` event per event (id = seq, data = Event), then `end`; or, for Accept: application/json, an EventBatch", body = EventBatch),
-        (status = 404, body = Problem),
+        (status = 404, body = ProblemBody),
     ),
     security(("bearer" = ["runs:read"]))
 )]

@@ -9,7 +9,7 @@ use flowforge_app::tokens::ApiScope;
 
 use crate::auth::require;
 use crate::metrics::record_gauges;
-use crate::problem::Problem;
+use crate::problem::{Problem, ProblemBody};
 use crate::state::ApiState;
 use crate::views::{WorkerItem, WorkerList};
 
@@ -22,7 +22,7 @@ pub(crate) async fn healthz() -> &'static str {
 /// The store is reachable and migrated (503 otherwise).
 #[utoipa::path(
     get, operation_id = "readyz", path = "/readyz", tag = "operations",
-    responses((status = 200, description = "ready"), (status = 503, body = Problem))
+    responses((status = 200, description = "ready"), (status = 503, body = ProblemBody))
 )]
 pub(crate) async fn readyz(State(state): State<ApiState>) -> Result<&'static str, Problem> {
     state

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 
 use crate::auth::require;
 use crate::body;
-use crate::problem::Problem;
+use crate::problem::{Problem, ProblemBody};
 use crate::state::ApiState;
 use crate::views::{AttemptBody, AttemptList, CancelAccepted, Report, RunItem, RunPage, StartRun, Started};
 
@@ -58,8 +58,8 @@ fn idempotency_key(headers: &HeaderMap, request: &StartRun) -> Result<Option<Ide
     responses(
         (status = 201, description = "Started", body = Started),
         (status = 200, description = "Replayed: this key already started this run (header Idempotent-Replayed: true)", body = Started),
-        (status = 404, description = "No such workflow", body = Problem),
-        (status = 422, description = "idempotency_key_reused, unknown_task_type, refused_value", body = Problem),
+        (status = 404, description = "No such workflow", body = ProblemBody),
+        (status = 422, description = "idempotency_key_reused, unknown_task_type, refused_value", body = ProblemBody),
     ),
     security(("bearer" = ["runs:write"]))
 )]
@@ -169,7 +169,7 @@ fn run_query(raw: Option<&str>) -> Result<RunQuery, Problem> {
         ("created_after" = Option<String>, Query, description = "RFC 3339, inclusive"),
         ("created_before" = Option<String>, Query, description = "RFC 3339, exclusive"),
     ),
-    responses((status = 200, body = RunPage), (status = 400, body = Problem)),
+    responses((status = 200, body = RunPage), (status = 400, body = ProblemBody)),
     security(("bearer" = ["runs:read"]))
 )]
 pub(crate) async fn list(
@@ -199,7 +199,7 @@ pub(crate) async fn list(
 #[utoipa::path(
     get, operation_id = "getRun", path = "/runs/{id}", tag = "runs",
     params(("id" = String, Path, description = "Run id")),
-    responses((status = 200, body = Report), (status = 404, body = Problem)),
+    responses((status = 200, body = Report), (status = 404, body = ProblemBody)),
     security(("bearer" = ["runs:read"]))
 )]
 pub(crate) async fn get(
@@ -217,8 +217,8 @@ pub(crate) async fn get(
     params(("id" = String, Path, description = "Run id")),
     responses(
         (status = 202, description = "Requested: waiting tasks are cancelled, running ones stop", body = CancelAccepted),
-        (status = 404, body = Problem),
-        (status = 409, description = "run_finished", body = Problem),
+        (status = 404, body = ProblemBody),
+        (status = 409, description = "run_finished", body = ProblemBody),
     ),
     security(("bearer" = ["runs:write"]))
 )]
@@ -255,7 +255,7 @@ pub(crate) async fn cancel(
 #[utoipa::path(
     get, operation_id = "listAttempts", path = "/runs/{id}/tasks/{key}/attempts", tag = "runs",
     params(("id" = String, Path, description = "Run id"), ("key" = String, Path, description = "Task key")),
-    responses((status = 200, body = AttemptList), (status = 404, body = Problem)),
+    responses((status = 200, body = AttemptList), (status = 404, body = ProblemBody)),
     security(("bearer" = ["runs:read"]))
 )]
 pub(crate) async fn attempts(

@@ -10,8 +10,11 @@ use serde_json::Value;
 
 use crate::flowforge;
 
+/// What the stub received: each request's first line and body.
+type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
 /// Accepts OTLP/HTTP exports and keeps their bodies.
-fn collector() -> (String, Arc<Mutex<Vec<(String, Vec<u8>)>>>) {
+fn collector() -> (String, Received) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind the stub collector");
     let addr = listener.local_addr().expect("an address");
     let received = Arc::new(Mutex::new(Vec::new()));

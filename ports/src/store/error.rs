@@ -136,6 +136,47 @@ pub fn resolve_generic_transition(from: TaskRunState, to: TaskRunState) -> Resul
     })
 }
 
+/// One migration this binary carries: version, description, checksum.
+pub type KnownMigration<'a> = (i64, &'a str, &'a [u8]);
+
+/// Compares the migrations a database records as applied (version →
+/// success, checksum) with those this binary carries: every one applied,
+/// successfully and from the same SQL, and none the binary does not know.
+/// Both stores read their records and ask this one rule.
+pub fn check_migrations<'a>(
+    known: impl IntoIterator<Item = KnownMigration<'a>>,
+    applied: &std::collections::BTreeMap<i64, (bool, Vec<u8>)>,
+) -> Result<(), Error> {
+    let mut versions = std::collections::BTreeSet::new();
+    for (version, description, checksum) in known {
+        versions.insert(version);
+        match applied.get(&version) {
+            None => {
+                return Err(Error::Migration(format!(
+                    "migration {version} ({description}) is not applied"
+                )));
+            }
+            Some((false, _)) => {
+                return Err(Error::Migration(format!(
+                    "migration {version} ({description}) failed part-way; repair the database"
+                )));
+            }
+            Some((true, stored)) if stored.as_slice() != checksum => {
+                return Err(Error::Migration(format!(
+                    "migration {version} ({description}) was applied from different SQL than this binary carries"
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    match applied.keys().find(|v| !versions.contains(*v)) {
+        Some(unknown) => Err(Error::Migration(format!(
+            "the database has migration {unknown}, which this binary does not know: it is older than the schema"
+        ))),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

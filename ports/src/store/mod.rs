@@ -13,7 +13,9 @@ mod error;
 mod tokens;
 mod values;
 
-pub use error::{Error, LoadError, PublishError, TransitionError, resolve_generic_transition};
+pub use error::{
+    Error, KnownMigration, LoadError, PublishError, TransitionError, check_migrations, resolve_generic_transition,
+};
 pub use tokens::{NewToken, TokenError, TokenStatus, TokenStore, TokenView};
 pub use values::{
     Activity, CancelOutcome, Claim, DefinitionSummary, EventView, FinishResult, Gauges, IdempotencyKey, KeyedStart,

@@ -50,6 +50,16 @@ on_both!(definitions_publish_read_and_refuse, &[], |api| {
         "{invalid:#}"
     );
 
+    // A task type nothing here runs: 422 naming it.
+    let unknown = definition("resize", 1, &[("a", "resize-image", &[], json!({}))]);
+    let refused = json_of(
+        api.post("/api/v1/definitions", &unknown).send().await.expect("answers"),
+        422,
+    )
+    .await;
+    assert_eq!(refused["code"], "unknown_task_type");
+    assert_eq!(refused["types"], json!(["resize-image"]));
+
     // Malformed JSON: 400 with the position; wrong type: 415.
     let malformed = api
         .http
@@ -106,9 +116,16 @@ on_both!(definitions_publish_read_and_refuse, &[], |api| {
 });
 
 on_both!(limits_are_enforced_with_problems, &["--max-body", "100000"], |api| {
-    // Over --max-body: 413.
+    // Over --max-body: 413. The server closes that connection without
+    // reading the rest, so the request gets a client of its own.
     let big = definition("big", 1, &[("a", "noop", &[], json!({"output": "x".repeat(200_000)}))]);
-    let response = api.post("/api/v1/definitions", &big).send().await.expect("answers");
+    let response = reqwest::Client::new()
+        .post(api.url("/api/v1/definitions"))
+        .bearer_auth(&api.admin)
+        .json(&big)
+        .send()
+        .await
+        .expect("answers");
     assert_eq!(response.status().as_u16(), 413);
 
     // Nesting deeper than 128: 400.
@@ -127,23 +144,6 @@ on_both!(limits_are_enforced_with_problems, &["--max-body", "100000"], |api| {
         problem["detail"].as_str().is_some_and(|d| d.contains("128")),
         "{problem:#}"
     );
-
-    // More than 10 000 tasks: 422, as `validate` says.
-    let tasks: Vec<Value> = (0..10_001)
-        .map(|i| json!({"key": format!("t{i}"), "task_type": "noop"}))
-        .collect();
-    let huge = json!({"name": "huge", "version": 1, "tasks": tasks});
-    let response = api
-        .http
-        .post(api.url("/api/v1/definitions"))
-        .bearer_auth(&api.admin)
-        .header("content-type", "application/json")
-        .body(huge.to_string())
-        .send()
-        .await
-        .expect("answers");
-    // The body is over this server's 100 000-byte limit: 413 first.
-    assert_eq!(response.status().as_u16(), 413);
 
     // Unknown route: a problem, not an empty 404.
     let missing = api.get("/api/v1/nothing").send().await.expect("answers");
