@@ -48,6 +48,11 @@ fn database_error(code: &str, constraint: Option<&str>, message: &str) -> store:
         // query_canceled (statement_timeout), admin/crash shutdown,
         // cannot_connect_now: the server may answer later.
         "57014" | "57P01" | "57P02" | "57P03" => store::Error::Unavailable(format!("{message} [{code}]")),
+        // deadlock_detected, serialization_failure: the server rolled this
+        // transaction back to break a lock cycle (a run's event counter is
+        // held until commit, docs/design/state-machines.md#event-history);
+        // nothing was written, so the caller retries.
+        "40P01" | "40001" => store::Error::Unavailable(format!("{message} [{code}]; retrying is safe")),
         _ if matches!(class, "08" | "53" | "58") => store::Error::Unavailable(format!("{message} [{code}]")),
         _ => store::Error::Other(format!("{message} [{code}]")),
     }
@@ -87,6 +92,7 @@ mod tests {
         assert!(database_error("57014", None, "canceling statement due to statement timeout").is_transient());
         assert!(database_error("08006", None, "connection failure").is_transient());
         assert!(database_error("53300", None, "too many connections").is_transient());
+        assert!(database_error("40P01", None, "deadlock detected").is_transient());
         assert!(matches!(
             database_error("40P01", None, "deadlock"),
             store::Error::Other(_)
