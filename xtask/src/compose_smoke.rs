@@ -5,7 +5,7 @@
 //! 1. submits `examples/diamond.json` through the containerised CLI
 //!    (`submit --wait --output json`) and checks the run succeeded with the
 //!    report the embedded engine gives (`flowforge run … --output json` in
-//!    the image), compared without ids, times, tokens and workers;
+//!    the image), compared without ids, times, tokens, workers and event numbers;
 //! 2. submits a workflow whose first task sleeps, kills the worker
 //!    container running it, and checks the run still succeeds, the task
 //!    having been taken back when its lease expired and finished once.
@@ -79,7 +79,7 @@ fn smoke(stack: &Stack) -> Result<()> {
     let (distributed, embedded) = (comparable(&distributed), comparable(&embedded));
     ensure!(
         distributed == embedded,
-        "the distributed and embedded reports of diamond differ once ids, times, tokens and workers are dropped\n\
+        "the distributed and embedded reports of diamond differ once ids, times, tokens, workers and event numbers are dropped\n\
          --- distributed ---\n{distributed:#}\n--- embedded ---\n{embedded:#}"
     );
     println!(
@@ -303,9 +303,10 @@ impl Stack {
 }
 
 /// A JSON run report without what differs between two runs of the same
-/// definition and input: ids, times, tokens and workers, at any depth.
-/// Events are grouped by task, since parallel tasks may interleave
-/// differently; each task keeps its own order. (The report's own
+/// definition and input: ids, times, tokens, workers and event sequence
+/// numbers, at any depth. Events are grouped by task, since parallel tasks
+/// may interleave differently (which is also why `seq`, numbered in commit
+/// order across the run, cannot be compared); each task keeps its own order. (The report's own
 /// `RunReport::comparable_json` does the same; it is not used here so that
 /// xtask does not build the engine.)
 fn comparable(report: &Value) -> Value {
@@ -329,7 +330,7 @@ fn comparable(report: &Value) -> Value {
 fn strip(v: &mut Value) {
     match v {
         Value::Object(map) => {
-            for key in ["run_id", "started_at", "finished_at", "at", "token", "worker"] {
+            for key in ["run_id", "started_at", "finished_at", "at", "token", "worker", "seq"] {
                 map.remove(key);
             }
             map.values_mut().for_each(strip);
@@ -344,8 +345,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn comparable_reports_ignore_ids_times_tokens_workers_and_interleaving() {
-        let event = |task: &str, to: &str, token: i64, worker: &str, at: &str| json!({ "task": task, "transition": "t", "to": to, "token": token, "worker": worker, "at": at });
+    fn comparable_reports_ignore_ids_times_tokens_workers_seq_and_interleaving() {
+        let event = |task: &str, to: &str, token: i64, worker: &str, at: &str| json!({ "task": task, "transition": "t", "to": to, "token": token, "worker": worker, "at": at, "seq": at });
         let a = json!({
             "run_id": "1", "state": "succeeded", "started_at": "x", "finished_at": "y",
             "tasks": [{ "key": "l", "started_at": "x", "finished_at": "y", "output": { "n": 1 } }],
