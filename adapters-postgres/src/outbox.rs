@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
+use chrono::{DateTime, Utc};
 use flowforge_ports::{Dispatch, DispatchId, OutboxStore, OutboxSweep, RunId, Scope, TaskRunId, store};
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
@@ -23,6 +24,7 @@ struct OutboxRow {
     task_key: String,
     task_type: String,
     fencing_token: i64,
+    created_at: DateTime<Utc>,
 }
 
 /// One sweep: the rows it holds stay locked until commit or drop (drop
@@ -81,6 +83,7 @@ impl OutboxStore for PgStore {
                 task_key: r.task_key,
                 task_type: r.task_type,
                 fencing_token: r.fencing_token,
+                ready_at: Some(r.created_at),
             })
             .collect();
         Ok(Some(PgSweep {

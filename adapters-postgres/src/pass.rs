@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::time::Duration;
 
 use flowforge_domain::derive::TaskTally;
 use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, run_machine};
@@ -57,6 +58,7 @@ struct LockedRow {
     workflow_id: i64,
     run_state: String,
     cancel_requested: bool,
+    age_seconds: f64,
     #[sqlx(flatten, try_from = "MaybeFlagged")]
     flagged: Option<FlaggedRow>,
 }
@@ -100,6 +102,7 @@ impl PgRunPass {
         // saving a round trip on the path of every hop.
         let rows: Vec<LockedRow> = sqlx::query_as(queries::BEGIN_PASS_TAKING_FLAGS)
             .bind(run.0)
+            .bind(store.offset())
             .fetch_all(&mut *tx)
             .await
             .map_err(store_error)?;
@@ -112,6 +115,7 @@ impl PgRunPass {
             workflow_id: WorkflowId(locked.workflow_id),
             state: parse_name::<RunState>(&locked.run_state, "workflow_run.state")?,
             cancel_requested: locked.cancel_requested,
+            age: Duration::try_from_secs_f64(locked.age_seconds).unwrap_or_default(),
         };
         let flagged = rows
             .into_iter()

@@ -187,6 +187,7 @@ impl DispatchConsumer for RabbitConsumer {
                 Ok(dispatch) => {
                     return Ok(Some(RabbitDelivery {
                         dispatch,
+                        trace_parent: crate::trace::trace_parent(delivery.properties.headers().as_ref()),
                         redelivered: delivery.redelivered,
                         acker: Some(delivery.acker),
                         channel: Arc::downgrade(&self.channel),
@@ -240,6 +241,7 @@ impl DispatchConsumer for RabbitConsumer {
 #[derive(Debug)]
 pub struct RabbitDelivery {
     dispatch: Dispatch,
+    trace_parent: Option<String>,
     redelivered: bool,
     /// Taken by `ack` or `nack_requeue`; still here on drop means neither.
     acker: Option<Acker>,
@@ -291,6 +293,10 @@ impl Delivery for RabbitDelivery {
 
     fn redelivered(&self) -> bool {
         self.redelivered
+    }
+
+    fn trace_parent(&self) -> Option<&str> {
+        self.trace_parent.as_deref()
     }
 
     /// Acks the delivery. An `Err` means it may not have been acked: the

@@ -54,6 +54,7 @@ mod broker;
 mod config;
 mod consumer;
 mod publisher;
+mod trace;
 
 pub use config::{
     CONSUMER_TIMEOUT_MARGIN, ConfigError, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_EXCHANGE, DEFAULT_QUEUE,

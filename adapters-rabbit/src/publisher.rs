@@ -266,7 +266,8 @@ async fn write_one(
     let properties = BasicProperties::default()
         .with_content_type("application/json".into())
         .with_message_id(dispatch.dispatch_id.to_string().into())
-        .with_delivery_mode(PERSISTENT);
+        .with_delivery_mode(PERSISTENT)
+        .with_headers(crate::trace::headers(dispatch));
     let publish = channel.basic_publish(
         settings.exchange.clone(),
         settings.routing_key.clone(),
@@ -321,6 +322,7 @@ mod tests {
             task_key: format!("t{n}"),
             task_type: "noop".to_owned(),
             fencing_token: 1,
+            ready_at: None,
         }
     }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use flowforge_ports::{Dispatch, DispatchId, OutboxStore, OutboxSweep, Scope, TaskRunId, store};
 
 use crate::convert::run_id;
-use crate::convert::{decode, scope_key};
+use crate::convert::{decode, scope_key, time};
 use crate::store::{Inner, SqliteStore, ids_json, lock, padded, sql};
 
 #[derive(Debug, sqlx::FromRow)]
@@ -28,6 +28,7 @@ struct OutboxRow {
     task_key: String,
     task_type: String,
     fencing_token: i64,
+    created_at: i64,
 }
 
 /// An open sweep: rows held in this process until committed or dropped.
@@ -57,7 +58,7 @@ impl Drop for SqliteSweep {
 }
 
 /// begin_sweep: unpublished rows, oldest first (`outbox_unpublished_idx`).
-pub(crate) const SWEEP: &str = "SELECT id, task_run_id, run_id, task_key, task_type, fencing_token FROM outbox \
+pub(crate) const SWEEP: &str = "SELECT id, task_run_id, run_id, task_key, task_type, fencing_token, created_at FROM outbox \
              WHERE published_at IS NULL AND (?1 IS NULL OR run_id IN (SELECT value FROM json_each(?1))) \
              AND id NOT IN (SELECT value FROM json_each(?2)) ORDER BY id LIMIT ?3";
 
@@ -99,6 +100,7 @@ impl OutboxStore for SqliteStore {
                     task_key: r.task_key,
                     task_type: r.task_type,
                     fencing_token: r.fencing_token,
+                    ready_at: Some(time("outbox.created_at", r.created_at)?),
                 })
             })
             .collect::<Result<Vec<_>, store::Error>>()?;

@@ -26,6 +26,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use flowforge_domain::derive::TaskTally;
 use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, run_machine};
@@ -247,7 +248,9 @@ pub(crate) const LOWER_PENDING: &str = lower_pending!();
 /// flags, measure it. `?2` run.
 pub(crate) const BEGIN_PASS: &str = concat!(
     "BEGIN IMMEDIATE; \
-     SELECT 0 AS tag, workflow_id, state, cancel_requested_at IS NOT NULL FROM workflow_run WHERE id = ?2; ",
+     SELECT 0 AS tag, workflow_id, state, cancel_requested_at IS NOT NULL, ",
+    now!(),
+    " - created_at FROM workflow_run WHERE id = ?2; ",
     take_flagged!(),
     "; ",
     take_run_flag!(),
@@ -489,11 +492,13 @@ impl SqlitePass {
             Some(row) => {
                 let state: String = col(row, 2)?;
                 let state: RunState = name("workflow_run.state", &state)?;
-                Some((col::<i64>(row, 1)?, state, col::<bool>(row, 3)?))
+                let age = Duration::from_millis(u64::try_from(col::<i64>(row, 4)?).unwrap_or(0));
+                Some((col::<i64>(row, 1)?, state, col::<bool>(row, 3)?, age))
             }
             None => None,
         };
-        let Some((workflow_id, state, cancel_requested)) = header.filter(|(_, s, _)| !run_machine().is_terminal(*s))
+        let Some((workflow_id, state, cancel_requested, age)) =
+            header.filter(|(_, s, _, _)| !run_machine().is_terminal(*s))
         else {
             // No pass: the flags this call cleared go back.
             conn.rollback().await?;
@@ -509,6 +514,7 @@ impl SqlitePass {
                 workflow_id: WorkflowId(workflow_id),
                 state,
                 cancel_requested,
+                age,
             },
             key,
             inner,

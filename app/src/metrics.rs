@@ -14,18 +14,15 @@ pub(crate) fn run_started(workflow: &str) {
     metrics::counter!("flowforge_runs_started_total", "workflow" => workflow.to_owned()).increment(1);
 }
 
-/// A run reached `state`, `took` after it started.
-pub(crate) fn run_finished(workflow: &str, state: RunState, took: Option<Duration>) {
+/// A run reached `state`, `took` after it was created.
+pub(crate) fn run_finished(workflow: &str, state: RunState, took: Duration) {
     metrics::counter!(
         "flowforge_runs_finished_total",
         "workflow" => workflow.to_owned(),
         "state" => state.to_string()
     )
     .increment(1);
-    if let Some(took) = took {
-        metrics::histogram!("flowforge_run_duration_seconds", "workflow" => workflow.to_owned())
-            .record(took.as_secs_f64());
-    }
+    metrics::histogram!("flowforge_run_duration_seconds", "workflow" => workflow.to_owned()).record(took.as_secs_f64());
 }
 
 /// An attempt ended and its outcome was presented to the store.
@@ -48,6 +45,12 @@ pub(crate) fn attempt_finished(task_type: &str, result: FinishResult, took: Dura
     .increment(1);
     metrics::histogram!("flowforge_task_duration_seconds", "task_type" => task_type.to_owned())
         .record(took.as_secs_f64());
+}
+
+/// A task of `task_type` was claimed `waited` after it became ready.
+pub(crate) fn scheduled(task_type: &str, waited: Duration) {
+    metrics::histogram!("flowforge_task_schedule_to_start_seconds", "task_type" => task_type.to_owned())
+        .record(waited.as_secs_f64());
 }
 
 /// Leases the reaper took back.

@@ -290,7 +290,7 @@ impl<S: Store> Scheduler<S> {
         {
             outcome.settled = Some(state);
             tracing::info!(run_id = %run, workflow = def.name(), %state, "run finished");
-            crate::metrics::run_finished(def.name(), state, None);
+            crate::metrics::run_finished(def.name(), state, header.age);
             self.observers.workflow_done(&RunEvent {
                 run_id: run,
                 workflow: def.name().to_owned(),

@@ -355,6 +355,12 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 .record("attempt", claim.attempt)
                 .record("token", claim.token);
             crate::metrics::slot_busy(1.0);
+            if let Some(ready_at) = d.ready_at {
+                // Both ends in store time: the lease was stamped at the claim.
+                let lease = chrono::TimeDelta::from_std(self.config.lease).unwrap_or_default();
+                let claimed_at = claim.lease_expires_at - lease;
+                crate::metrics::scheduled(&d.task_type, (claimed_at - ready_at).to_std().unwrap_or_default());
+            }
             // One span per attempt, in its run's trace
             // (docs/design/server.md#traces).
             let execute = tracing::info_span!(
@@ -365,7 +371,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 token = claim.token,
                 worker = %self.config.id,
             );
-            crate::telemetry::link(&execute, claim.run_id);
+            crate::telemetry::link(&execute, claim.run_id, delivery.trace_parent());
             let (outcome, event) = self.attempt(&claim, asked).instrument(execute.clone()).await;
             let finished = self.finish(&claim, outcome).instrument(execute).await;
             crate::metrics::slot_busy(-1.0);

@@ -454,6 +454,7 @@ fn dummy_dispatch(i: i64) -> Dispatch {
         task_key: format!("t{i:05}"),
         task_type: "noop".to_owned(),
         fencing_token: 0,
+        ready_at: None,
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{DispatchId, RunId, TaskRunId};
@@ -23,6 +24,24 @@ pub struct Dispatch {
     pub task_type: String,
     /// The token the claim must match: a stale dispatch claims nothing.
     pub fencing_token: i64,
+    /// When the task run became ready at this token, in store time (its
+    /// outbox row's creation): the claim's store time minus this is the
+    /// task's schedule-to-start latency. Absent from dispatches written
+    /// before it was carried, so a message already queued still parses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_at: Option<DateTime<Utc>>,
+}
+
+impl Dispatch {
+    /// The W3C trace context (`traceparent`) a broker header carries with
+    /// this dispatch: the trace is the run's (its id's 128 bits, so every
+    /// process agrees on it without talking) and the parent span is the
+    /// dispatch (docs/design/server.md#traces).
+    pub fn trace_parent(&self) -> String {
+        // A span id of zero is invalid; outbox ids start at 1.
+        let span = self.dispatch_id.0.max(1);
+        format!("00-{}-{span:016x}-01", self.run_id.0.simple())
+    }
 }
 
 /// Why a queue operation failed.
@@ -97,6 +116,11 @@ pub trait Delivery: Send + 'static {
     fn dispatch(&self) -> &Dispatch;
     /// Whether the queue delivered it before.
     fn redelivered(&self) -> bool;
+    /// The W3C `traceparent` that travelled with it, when the queue
+    /// carries headers (see [`Dispatch::trace_parent`]).
+    fn trace_parent(&self) -> Option<&str> {
+        None
+    }
     /// Acknowledges it: it will not be delivered again. Call only after the
     /// outcome is stored.
     fn ack(self) -> impl Future<Output = Result<(), Error>> + Send;

@@ -15,6 +15,7 @@ fn dispatch(n: i64) -> Dispatch {
         task_key: format!("t{n}"),
         task_type: "noop".into(),
         fencing_token: 0,
+        ready_at: None,
     }
 }
 

@@ -663,7 +663,7 @@ WITH picked AS (
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
-SELECT o.id, o.task_run_id, o.run_id, o.task_key, o.task_type, o.fencing_token
+SELECT o.id, o.task_run_id, o.run_id, o.task_key, o.task_type, o.fencing_token, o.created_at
 FROM outbox AS o JOIN picked USING (id)
 ORDER BY o.id";
 

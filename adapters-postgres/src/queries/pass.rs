@@ -5,17 +5,19 @@
 /// UPDATE SKIP LOCKED`, so several schedulers can run at once; by primary
 /// key), then [`TAKE_FLAGGED`]'s clearing, only when the lock was taken. One row
 /// per flagged task run (its columns NULL when none is flagged), none when
-/// the run is locked by another scheduler or terminal. `$1` run.
+/// the run is locked by another scheduler or terminal. `$1` run, `$2`
+/// offset (for the run's age).
 pub const BEGIN_PASS_TAKING_FLAGS: &str = concat!(
     "WITH locked AS (
-    SELECT id, workflow_id, state, cancel_requested_at IS NOT NULL AS cancel_requested
+    SELECT id, workflow_id, state, cancel_requested_at IS NOT NULL AS cancel_requested,
+           EXTRACT(EPOCH FROM (statement_timestamp() + $2::interval) - created_at)::float8 AS age_seconds
     FROM workflow_run
     WHERE id = $1 AND state IN ('pending', 'running')
     FOR UPDATE SKIP LOCKED
 ), ",
     take_flags!("(SELECT id FROM locked)"),
     "
-SELECT l.id AS run_id, l.workflow_id, l.state AS run_state, l.cancel_requested,
+SELECT l.id AS run_id, l.workflow_id, l.state AS run_state, l.cancel_requested, l.age_seconds,
        f.id, f.task_key, f.state, f.cancel_reason, f.compensate_for
 FROM locked AS l LEFT JOIN flagged AS f ON true
 ORDER BY f.id"

@@ -121,7 +121,7 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
     let p = plan(&pool, queries::SWEEP, |q| q.bind(100_i64).bind(none())).await;
     assert_uses("outbox sweep", &p, &[&["outbox_unpublished_idx"]]);
 
-    let p = plan(&pool, queries::BEGIN_PASS_TAKING_FLAGS, |q| q.bind(live.0)).await;
+    let p = plan(&pool, queries::BEGIN_PASS_TAKING_FLAGS, |q| q.bind(live.0).bind(zero)).await;
     assert_uses(
         "begin_pass (taking the flags)",
         &p,

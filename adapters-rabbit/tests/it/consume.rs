@@ -64,6 +64,30 @@ async fn prefetch_one_holds_back_the_second_message_until_the_first_is_acked() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trace_context_travels_in_a_header_and_ready_at_in_the_payload() {
+    let url = broker_or_skip!();
+    let fx = Fixture::new(&url, "traceparent").await;
+    let queue = RabbitQueue::new(fx.config()).unwrap();
+    queue.declare().await.unwrap();
+    let mut sent = dispatch(3);
+    sent.ready_at = Some(chrono::DateTime::from_timestamp_millis(1_796_000_000_123).unwrap());
+    let results = RabbitPublisher::new(fx.config())
+        .unwrap()
+        .publish(std::slice::from_ref(&sent))
+        .await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let mut consumer = queue.consumer().await.unwrap();
+
+    let delivery = next(&mut consumer).await;
+    assert_eq!(delivery.dispatch(), &sent);
+    let expected = format!("00-{}-0000000000000003-01", sent.run_id.0.simple());
+    assert_eq!(delivery.trace_parent(), Some(expected.as_str()));
+    delivery.ack().await.unwrap();
+    consumer.close().await.unwrap();
+    fx.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ack_removes_the_message() {
     let url = broker_or_skip!();
     let fx = Fixture::new(&url, "ack").await;

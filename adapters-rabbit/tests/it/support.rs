@@ -42,6 +42,7 @@ pub(crate) fn dispatch(n: i64) -> Dispatch {
         task_key: format!("task-{n}"),
         task_type: "noop".to_owned(),
         fencing_token: n % 5 + 1,
+        ready_at: None,
     }
 }
 

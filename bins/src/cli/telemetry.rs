@@ -2,11 +2,14 @@
 //! with `--otlp-endpoint`, spans exported over OTLP/HTTP with each run's
 //! trace id derived from the run id (docs/design/server.md#traces).
 
+use std::collections::HashMap;
 use std::io;
 
 use flowforge_ports::RunId;
+use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider};
 use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::filter::{EnvFilter, LevelFilter, filter_fn};
@@ -44,8 +47,18 @@ fn traces_url(endpoint: &str) -> String {
 }
 
 /// The trace every span about `run` belongs to: the run id's 128 bits are
-/// the trace id, so processes that never talk agree on it.
-fn link_to_run(span: &tracing::Span, run: RunId) {
+/// the trace id, so processes that never talk agree on it. A span that
+/// came with a `traceparent` (a dispatch's broker header) is its child.
+fn link_to_run(span: &tracing::Span, run: RunId, trace_parent: Option<&str>) {
+    if let Some(header) = trace_parent {
+        let carrier = HashMap::from([("traceparent".to_owned(), header.to_owned())]);
+        let context = TraceContextPropagator::new().extract(&carrier);
+        if context.span().span_context().is_valid() {
+            let _ = span.set_parent(context);
+            return;
+        }
+        tracing::debug!(%header, "ignoring an invalid traceparent; linking the span by its run id");
+    }
     let bytes = run.0.into_bytes();
     let mut low = [0u8; 8];
     low.copy_from_slice(&bytes[8..]);
@@ -102,7 +115,34 @@ pub(crate) fn init(format: LogFormat, default_level: &str, otlp: Option<&str>) -
 
 #[cfg(test)]
 mod tests {
-    use super::traces_url;
+    use opentelemetry::trace::{TraceContextExt, TracerProvider};
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::{RunId, link_to_run, traces_url};
+
+    /// The trace id `span` ends up in once linked.
+    fn linked_trace(run: RunId, header: Option<&str>) -> String {
+        let provider = SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::Registry::default()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("t")));
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("flowforge.task.execute");
+            link_to_run(&span, run, header);
+            span.context().span().span_context().trace_id().to_string()
+        })
+    }
+
+    #[test]
+    fn a_dispatchs_traceparent_parents_the_span_and_the_run_id_is_the_fallback() {
+        let run = RunId(uuid::Uuid::now_v7());
+        assert_eq!(linked_trace(run, None), run.0.simple().to_string());
+        let other = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let header = format!("00-{other}-00f067aa0ba902b7-01");
+        assert_eq!(linked_trace(run, Some(&header)), other);
+        assert_eq!(linked_trace(run, Some("not a traceparent")), run.0.simple().to_string());
+    }
 
     #[test]
     fn a_bare_endpoint_gets_the_traces_path() {

@@ -266,6 +266,9 @@ pub struct LockedRun {
     pub state: RunState,
     /// Whether a cancel was requested.
     pub cancel_requested: bool,
+    /// How long since the run was created, in store time when the pass
+    /// began: a run the pass settles took this long end to end.
+    pub age: std::time::Duration,
 }
 
 /// Summary of a run for listings.

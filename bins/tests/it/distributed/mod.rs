@@ -364,6 +364,7 @@ pub(crate) async fn outbox(store: &PgStore) -> Vec<OutboxRow> {
                 task_key: key,
                 task_type,
                 fencing_token: token,
+                ready_at: None,
             },
             published,
         })

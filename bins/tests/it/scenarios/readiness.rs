@@ -67,6 +67,7 @@ async fn a_task_is_claimed_only_after_all_its_dependencies_succeeded() {
         task_key: "join".into(),
         task_type: "step".into(),
         fencing_token: join.token,
+        ready_at: None,
     };
     assert!(
         s.queue()

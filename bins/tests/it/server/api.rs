@@ -186,18 +186,21 @@ on_both!(health_readiness_metrics_and_the_document, &[], |api| {
     assert_eq!(api.wait_run(&id).await["state"], "failed");
     let closed = api.http.get(api.url("/metrics")).send().await.expect("answers");
     assert_eq!(closed.status().as_u16(), 401);
-    let metrics = api
-        .get("/metrics")
-        .send()
-        .await
-        .expect("answers")
-        .text()
-        .await
-        .expect("text");
+    let metrics = api.metrics().await;
     assert!(
         metrics.contains("flowforge_runs_started_total{workflow=\"m\"} 1"),
         "{metrics}"
     );
+    // Wherever the loops run (in the server on SQLite, in their own
+    // processes on PostgreSQL), their histograms are exposed.
+    for series in [
+        "flowforge_runs_finished_total{workflow=\"m\",state=\"failed\"} 1",
+        "flowforge_run_duration_seconds_count{workflow=\"m\"} 1",
+        "flowforge_task_schedule_to_start_seconds_count{task_type=\"noop\"} 1",
+        "flowforge_task_attempts_total{task_type=\"fail\",outcome=\"failed\"}",
+    ] {
+        assert!(metrics.contains(series), "no {series} in:\n{metrics}");
+    }
     assert!(
         metrics.contains("flowforge_http_requests_total{route=\"/api/v1/runs\",status=\"201\"} 1"),
         "{metrics}"

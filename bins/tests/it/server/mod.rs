@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use crate::Outcome;
-use crate::distributed::cluster::Cluster;
+use crate::distributed::cluster::{Cluster, ProcId};
 
 /// How long a test waits for a run or the server.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(90);
@@ -38,6 +38,8 @@ pub(crate) struct Api {
     dir: PathBuf,
     // Dropped after the server: the PostgreSQL loops, database and queue.
     cluster: Option<Cluster>,
+    /// The scheduler, publisher and worker on PostgreSQL.
+    loops: Vec<ProcId>,
     _tmp: Option<TempDir>,
 }
 
@@ -64,12 +66,19 @@ impl Api {
             }
             On::Postgres => {
                 let mut cluster = Cluster::migrated(test).await?;
-                cluster.spawn("scheduler", ["scheduler"]);
-                cluster.spawn("publisher", ["publisher"]);
-                cluster.spawn("worker", ["worker", "--concurrency", "4"]);
+                // The loops serve their own metrics (`--metrics-listen`):
+                // on PostgreSQL the server runs none of them.
+                let loops = vec![
+                    cluster.spawn("scheduler", ["scheduler", "--metrics-listen", "127.0.0.1:0"]),
+                    cluster.spawn("publisher", ["publisher"]),
+                    cluster.spawn(
+                        "worker",
+                        ["worker", "--concurrency", "4", "--metrics-listen", "127.0.0.1:0"],
+                    ),
+                ];
                 let url = cluster.db.url.clone();
                 let dir = cluster.dir().to_path_buf();
-                (Some(cluster), None, url, dir)
+                (Some((cluster, loops)), None, url, dir)
             }
         };
         let stderr = dir.join("server.stderr.log");
@@ -78,7 +87,7 @@ impl Api {
             args.truncate(3);
         }
         args.extend_from_slice(extra);
-        let server = Self::command_in(cluster.as_ref(), &db_url, &dir, &args)
+        let server = Self::command_in(cluster.as_ref().map(|(c, _)| c), &db_url, &dir, &args)
             .stdout(Stdio::null())
             .stderr(File::create(&stderr).expect("a log file"))
             .spawn()
@@ -91,7 +100,8 @@ impl Api {
             stderr,
             db_url,
             dir,
-            cluster,
+            loops: cluster.as_ref().map(|(_, l)| l.clone()).unwrap_or_default(),
+            cluster: cluster.map(|(c, _)| c),
             _tmp: tmp,
         };
         api.base = api.wait_listening().await;
@@ -168,6 +178,40 @@ impl Api {
         let out = self.cli(&args);
         assert_eq!(out.code, 0, "tokens create: {out:?}");
         out.stdout.trim().to_owned()
+    }
+
+    /// Every process's Prometheus text: the server's, and on PostgreSQL
+    /// the scheduler's and worker's `--metrics-listen` too.
+    pub(crate) async fn metrics(&self) -> String {
+        let mut text = self
+            .get("/metrics")
+            .send()
+            .await
+            .expect("answers")
+            .text()
+            .await
+            .expect("text");
+        let Some(cluster) = &self.cluster else {
+            return text;
+        };
+        for id in &self.loops {
+            let log = cluster.stderr(*id);
+            let Some(addr) = log
+                .split("serving /metrics listen=")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+            else {
+                continue;
+            };
+            let own = self
+                .http
+                .get(format!("http://{addr}/metrics"))
+                .send()
+                .await
+                .expect("a loop's metrics answer");
+            text.push_str(&own.text().await.expect("text"));
+        }
+        text
     }
 
     pub(crate) fn url(&self, path: &str) -> String {
