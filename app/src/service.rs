@@ -143,9 +143,14 @@ impl<S: Store> Service<S> {
             TaskTypes::LiveWorkers => {
                 // Every worker serves the built-ins but `command`, which
                 // one serves only with `--allow-command`.
+                let always = |t: &str| t != "command" && BUILTIN_TYPES.contains(&t);
+                if def.tasks().iter().all(|t| always(t.task_type())) {
+                    // Nothing to ask the store: any live worker serves them.
+                    return Ok(());
+                }
                 let mut known: BTreeSet<String> = BUILTIN_TYPES
                     .iter()
-                    .filter(|t| **t != "command")
+                    .filter(|t| always(t))
                     .map(|t| (*t).to_owned())
                     .collect();
                 known.extend(self.store.live_task_types(LIVE_WORKER_WINDOW).await?);
@@ -192,6 +197,9 @@ impl<S: Store> Service<S> {
 
     /// The published definition `name` at `version`, or its latest version.
     pub async fn find(&self, name: &str, version: Option<u32>) -> Result<Published, Error> {
+        // "Latest" can change (another process may publish a version), so
+        // it is asked every time; a (name, version) never changes, so what
+        // it names is asked once.
         let version = match version {
             Some(v) => v,
             None => self
@@ -205,6 +213,9 @@ impl<S: Store> Service<S> {
                     version: None,
                 })?,
         };
+        if let Some(published) = self.defs.named(name, version) {
+            return Ok(published.as_ref().clone());
+        }
         let published = self
             .store
             .find_definition(name, version)

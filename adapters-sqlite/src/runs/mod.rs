@@ -62,7 +62,7 @@ impl SummaryRow {
     }
 }
 
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug, sqlx::FromRow, serde::Deserialize)]
 struct TaskRunRow {
     id: i64,
     task_key: String,
@@ -78,6 +78,19 @@ struct TaskRunRow {
     retry_at: Option<i64>,
     lease_owner: Option<String>,
     created_at: i64,
+}
+
+/// The rows a call returned as one JSON array under `tag` (see `GET_RUN`).
+fn aggregated<T: serde::de::DeserializeOwned>(
+    rows: &[sqlx::sqlite::SqliteRow],
+    tag: i64,
+    what: &str,
+) -> Result<Vec<T>, store::Error> {
+    let Some(row) = tagged(rows, tag).next() else {
+        return Ok(Vec::new());
+    };
+    let text: String = row.try_get("rows").map_err(store_error)?;
+    serde_json::from_str(&text).map_err(|e| store::Error::Other(format!("cannot read the stored {what}: {e}")))
 }
 
 impl TaskRunRow {
@@ -101,7 +114,7 @@ impl TaskRunRow {
     }
 }
 
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug, sqlx::FromRow, serde::Deserialize)]
 struct EventRow {
     seq: i64,
     task: Option<String>,
@@ -624,12 +637,18 @@ impl RunStore for SqliteStore {
         let summary_row: SummaryRow = decode(first)?;
         let fingerprint: String = first.try_get("fingerprint").map_err(store_error)?;
         let input: String = first.try_get("input").map_err(store_error)?;
-        let tasks = tagged(&rows, 1)
-            .map(|r| Ok(decode::<TaskRunRow>(r)?.into_view()?))
+        let mut tasks = aggregated::<TaskRunRow>(&rows, 1, "task_run")?;
+        tasks.sort_by_key(|t| t.id);
+        let tasks = tasks
+            .into_iter()
+            .map(|r| Ok(r.into_view()?))
             .collect::<Result<Vec<_>, store::Error>>()?;
         // Merged in SQL in `seq` order, which is commit order.
-        let events = tagged(&rows, 2)
-            .map(|r| Ok(decode::<EventRow>(r)?.into_view()?))
+        let mut events = aggregated::<EventRow>(&rows, 2, "run history")?;
+        events.sort_by_key(|e| e.seq);
+        let events = events
+            .into_iter()
+            .map(|r| Ok(r.into_view()?))
             .collect::<Result<Vec<_>, store::Error>>()?;
         Ok(Some(RunDetail {
             summary: summary_row.into_summary()?,
