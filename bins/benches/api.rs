@@ -129,6 +129,22 @@ impl Api {
         (status, t0.elapsed())
     }
 
+    /// Starts a run of `workflow`: its id.
+    async fn start_run(&self, workflow: &str) -> String {
+        let started: Value = self
+            .http
+            .post(self.url("/api/v1/runs"))
+            .bearer_auth(&self.server.token)
+            .json(&json!({"workflow": workflow}))
+            .send()
+            .await
+            .expect("start")
+            .json()
+            .await
+            .expect("JSON");
+        started["id"].as_str().expect("id").to_owned()
+    }
+
     async fn get(&self, path: &str) -> Value {
         self.http
             .get(self.url(path))
@@ -256,27 +272,23 @@ async fn start_scenario(name: &str, db: &str, rate: u64) -> Value {
     })
 }
 
-async fn get_run() -> Value {
+/// A server on a SQLite file of its own (kept in the returned folder)
+/// with a fan-out of `width` parallel tasks published.
+async fn fanout_server(width: usize) -> (Api, flowforge::WorkflowDefinition, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a temp folder");
-    let db = format!("sqlite://{}", dir.path().join("get.db").display());
+    let db = format!("sqlite://{}", dir.path().join("fanout.db").display());
     let api = Api {
         http: reqwest::Client::new(),
         server: start_server(&db),
     };
-    let def = fanout(998);
+    let def = fanout(width);
     api.publish(&def).await;
-    let started = api
-        .http
-        .post(api.url("/api/v1/runs"))
-        .bearer_auth(&api.server.token)
-        .json(&json!({"workflow": def.name()}))
-        .send()
-        .await
-        .expect("start")
-        .json::<Value>()
-        .await
-        .expect("JSON");
-    let id = started["id"].as_str().expect("id").to_owned();
+    (api, def, dir)
+}
+
+async fn get_run() -> Value {
+    let (api, def, _db) = fanout_server(998).await;
+    let id = api.start_run(def.name()).await;
     api.wait_run(&id).await;
     let mut latencies = Vec::new();
     for _ in 0..300 {
@@ -301,29 +313,11 @@ async fn get_run() -> Value {
 }
 
 async fn sse() -> Value {
-    let dir = tempfile::tempdir().expect("a temp folder");
-    let db = format!("sqlite://{}", dir.path().join("sse.db").display());
-    let api = Api {
-        http: reqwest::Client::new(),
-        server: start_server(&db),
-    };
-    let def = fanout(9_998);
-    api.publish(&def).await;
+    let (api, def, _db) = fanout_server(9_998).await;
     let pid = api.server.child.id();
     let rss_before = kib(pid, "VmRSS:");
     let t0 = Instant::now();
-    let started = api
-        .http
-        .post(api.url("/api/v1/runs"))
-        .bearer_auth(&api.server.token)
-        .json(&json!({"workflow": def.name()}))
-        .send()
-        .await
-        .expect("start")
-        .json::<Value>()
-        .await
-        .expect("JSON");
-    let id = started["id"].as_str().expect("id").to_owned();
+    let id = api.start_run(def.name()).await;
     let response = api
         .http
         .get(api.url(&format!("/api/v1/runs/{id}/events")))
