@@ -348,26 +348,38 @@ pub(crate) struct OutboxRow {
 
 /// Every outbox row, oldest first.
 pub(crate) async fn outbox(store: &PgStore) -> Vec<OutboxRow> {
-    let rows: Vec<(i64, i64, String, String, String, i64, bool)> = sqlx::query_as(
-        "SELECT id, task_run_id, run_id::text, task_key, task_type, fencing_token, published_at IS NOT NULL \
-         FROM outbox ORDER BY id",
+    type Row = (
+        i64,
+        i64,
+        String,
+        String,
+        String,
+        i64,
+        chrono::DateTime<chrono::Utc>,
+        bool,
+    );
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT id, task_run_id, run_id::text, task_key, task_type, fencing_token, created_at, \
+         published_at IS NOT NULL FROM outbox ORDER BY id",
     )
     .fetch_all(store.pool())
     .await
     .expect("read the outbox");
     rows.into_iter()
-        .map(|(id, task_run, run, key, task_type, token, published)| OutboxRow {
-            dispatch: Dispatch {
-                dispatch_id: DispatchId(id),
-                task_run_id: TaskRunId(task_run),
-                run_id: run.parse().expect("a run id"),
-                task_key: key,
-                task_type,
-                fencing_token: token,
-                ready_at: None,
+        .map(
+            |(id, task_run, run, key, task_type, token, created, published)| OutboxRow {
+                dispatch: Dispatch {
+                    dispatch_id: DispatchId(id),
+                    task_run_id: TaskRunId(task_run),
+                    run_id: run.parse().expect("a run id"),
+                    task_key: key,
+                    task_type,
+                    fencing_token: token,
+                    ready_at: Some(created),
+                },
+                published,
             },
-            published,
-        })
+        )
         .collect()
 }
 
