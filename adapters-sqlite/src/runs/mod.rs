@@ -643,7 +643,7 @@ impl RunStore for SqliteStore {
             .into_iter()
             .map(|r| Ok(r.into_view()?))
             .collect::<Result<Vec<_>, store::Error>>()?;
-        // Merged in SQL in `seq` order, which is commit order.
+        // Merged in SQL by `seq`, which is commit order; the sort only confirms it.
         let mut events = aggregated::<EventRow>(&rows, 2, "run history")?;
         events.sort_by_key(|e| e.seq);
         let events = events
