@@ -1,7 +1,8 @@
 //! FlowForge's HTTP API (docs/design/server.md): an inbound adapter that
 //! serves the app's use cases over axum — definitions, runs, a run's live
 //! events, workers, tokens on every route, Prometheus metrics and the
-//! OpenAPI document generated from the handlers.
+//! OpenAPI document generated from the handlers — and the web UI that
+//! uses them.
 
 mod auth;
 pub mod backend;
@@ -10,6 +11,7 @@ pub mod metrics;
 mod problem;
 mod routes;
 mod state;
+pub mod ui;
 pub mod views;
 
 use std::net::SocketAddr;

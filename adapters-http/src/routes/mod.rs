@@ -115,6 +115,9 @@ pub fn router(state: ApiState) -> axum::Router {
         .merge(streams)
         .fallback(|| async { Problem::not_found("no such route; see /openapi.json") })
         .route_layer(axum::middleware::from_fn(crate::metrics::track))
+        // The UI's pages and files: after the metrics layer, so the API's
+        // request series count API calls only.
+        .merge(crate::ui::router())
         .layer(axum::extract::DefaultBodyLimit::max(config.max_body))
         .layer(CompressionLayer::new())
         .layer(CatchPanicLayer::custom(panicked))

@@ -134,8 +134,9 @@ fn the_committed_openapi_document_is_current() {
     );
 }
 
-/// Routes come only from utoipa-axum's `routes!`, which documents what it
-/// serves: a plain axum `.route(` would serve a path the document omits.
+/// API routes come only from utoipa-axum's `routes!`, which documents what
+/// it serves: a plain axum `.route(` would serve a path the document omits.
+/// The UI's pages are the one other set of routes (`ui.rs`).
 #[test]
 fn no_route_bypasses_the_document() {
     let source = include_str!("mod.rs");
@@ -163,6 +164,12 @@ fn no_route_bypasses_the_document() {
         assert!(paths.contains(&expected), "{expected} missing from {paths:?}");
     }
     assert_eq!(paths.len(), 13, "{paths:?}");
+    // The web UI's pages (docs/design/ui.md) are served beside the API but
+    // are not API: none may shadow or be shadowed by a documented path.
+    for page in crate::ui::PAGES.iter().chain([&crate::ui::ASSETS]) {
+        assert!(!paths.contains(page), "UI page {page} collides with the API");
+        assert!(!page.starts_with(super::PREFIX), "UI page {page} under the API prefix");
+    }
     let ids: Vec<&str> = doc
         .paths
         .paths
