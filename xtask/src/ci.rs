@@ -19,10 +19,11 @@
 //! Each step prints its duration; the first failing step stops the run,
 //! and the error names it.
 //!
-//! Every step runs with `REQUIRE_POSTGRES=1 REQUIRE_RABBITMQ=1`, so an
-//! integration test whose service is missing fails instead of skipping,
-//! exactly as under `.ci/run`; `--allow-skips` leaves them unset (a quick
-//! local run without the services).
+//! Every step runs with `REQUIRE_POSTGRES=1 REQUIRE_RABBITMQ=1
+//! REQUIRE_BROWSER=1`, so an integration test whose service (or, for the
+//! web UI's tests, chromium and chromedriver) is missing fails instead of
+//! skipping, exactly as under `.ci/run`; `--allow-skips` leaves them unset
+//! (a quick local run without the services).
 
 use std::ffi::OsString;
 use std::process::Command;
@@ -193,7 +194,11 @@ fn service_env(allow_skips: bool) -> &'static [(&'static str, &'static str)] {
     if allow_skips {
         &[]
     } else {
-        &[("REQUIRE_POSTGRES", "1"), ("REQUIRE_RABBITMQ", "1")]
+        &[
+            ("REQUIRE_POSTGRES", "1"),
+            ("REQUIRE_RABBITMQ", "1"),
+            ("REQUIRE_BROWSER", "1"),
+        ]
     }
 }
 
@@ -225,7 +230,7 @@ fn execute(action: &Action, env: &[(&str, &str)]) -> Result<()> {
 }
 
 /// Whether `cargo <sub> --version` works (the subcommand is installed).
-fn cargo_has(sub: &str) -> bool {
+pub(crate) fn cargo_has(sub: &str) -> bool {
     Command::new(cargo())
         .args([OsString::from(sub), OsString::from("--version")])
         .stdout(std::process::Stdio::null())
@@ -288,7 +293,14 @@ mod tests {
     #[test]
     fn missing_services_fail_the_tests_unless_skips_are_allowed() {
         let required = service_env(allow_skips(&[]).unwrap());
-        assert_eq!(required, [("REQUIRE_POSTGRES", "1"), ("REQUIRE_RABBITMQ", "1")]);
+        assert_eq!(
+            required,
+            [
+                ("REQUIRE_POSTGRES", "1"),
+                ("REQUIRE_RABBITMQ", "1"),
+                ("REQUIRE_BROWSER", "1")
+            ]
+        );
         assert!(service_env(allow_skips(&["--allow-skips".to_owned()]).unwrap()).is_empty());
         assert!(allow_skips(&["--fast".to_owned()]).is_err());
     }

@@ -23,6 +23,8 @@
 //!   compose stack's service images, from local bases (no registry).
 //! * `cargo xtask compose-smoke` ([`compose_smoke`]) — the compose stack
 //!   end to end: a submitted run, and a worker killed mid-run.
+//! * `cargo xtask screenshots` ([`screenshots`]) — the web UI's
+//!   screenshots in `docs/screenshots`, taken by the browser tests.
 //!
 //! [`docker`] is what the last two need from the machine.
 
@@ -37,6 +39,7 @@ mod compose_smoke;
 mod deny_selftest;
 mod docker;
 mod images;
+mod screenshots;
 mod tidy;
 
 use std::ffi::OsString;
@@ -51,7 +54,7 @@ usage: cargo xtask <command>
 commands:
   ci [--allow-skips]
                   fmt, clippy, check-deps, cargo deny, tests: what CI runs
-                  (tests without PostgreSQL/RabbitMQ fail unless --allow-skips)
+                  (tests without PostgreSQL/RabbitMQ/chromium fail unless --allow-skips)
   check-deps      crate layering, dependency allow-lists, domain source scan
   tidy            house rules: //! docs, no ignored tests, workspace manifests, design references
   deny-selftest   prove check-deps and cargo deny reject tokio in domain
@@ -64,6 +67,8 @@ commands:
                   integration tests start
   compose-smoke   bring compose.yaml up, submit a run, kill a worker mid-run,
                   check both runs, bring it down
+  screenshots     rerun the web UI's screenshot tests in a headless chromium,
+                  writing docs/screenshots/*.png
   help            this text";
 
 fn main() -> ExitCode {
@@ -80,6 +85,7 @@ fn main() -> ExitCode {
         "bench" => bench::run(rest),
         "images" => images::run(rest),
         "compose-smoke" => compose_smoke::run(rest),
+        "screenshots" => screenshots::run(rest),
         "help" | "-h" | "--help" => {
             println!("{HELP}");
             Ok(())

@@ -5,10 +5,12 @@
 //! the relative paths a user would type (`examples/etl.json`), except
 //! `run` and `poison` (bad values and size limits, on both stores), whose
 //! tests each get a fresh working folder — `scenarios`, the
-//! engine's behaviour driven through the embedding API, and `distributed`,
+//! engine's behaviour driven through the embedding API, `distributed`,
 //! the distributed mode against real PostgreSQL and RabbitMQ (in process
-//! and as separate `flowforge` processes).
+//! and as separate `flowforge` processes), and `browser`, the harness that
+//! drives the web UI in a headless chromium.
 
+mod browser;
 mod distributed;
 mod examples;
 mod graph;
@@ -18,6 +20,7 @@ mod scenarios;
 mod secrets;
 mod server;
 mod traces;
+mod ui;
 mod validate;
 
 use std::path::{Path, PathBuf};
