@@ -33,6 +33,8 @@ pub(crate) struct Api {
     /// A token with every scope.
     pub(crate) admin: String,
     server: Child,
+    /// The server's arguments, to start it again (`restart`).
+    args: Vec<String>,
     stderr: PathBuf,
     db_url: String,
     dir: PathBuf,
@@ -97,6 +99,7 @@ impl Api {
             http: reqwest::Client::new(),
             admin: String::new(),
             server,
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
             stderr,
             db_url,
             dir,
@@ -286,6 +289,28 @@ impl Api {
             assert!(Instant::now() < deadline, "the server did not exit:\n{}", self.logs());
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Stops the server (SIGTERM, exit 0) and starts it again on the same
+    /// address and store: what a deploy does to a page that is open.
+    pub(crate) async fn restart(&mut self) {
+        self.sigterm();
+        assert_eq!(self.wait_exit().await, 0, "the server's exit:\n{}", self.logs());
+        let addr = self.base.trim_start_matches("http://").to_owned();
+        let args: Vec<&str> = self
+            .args
+            .iter()
+            .map(|a| if a == "127.0.0.1:0" { addr.as_str() } else { a.as_str() })
+            .collect();
+        let old = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        std::fs::write(self.dir.join("server.before-restart.log"), old).expect("keep the first log");
+        self.server = Self::command_in(self.cluster.as_ref(), &self.db_url, &self.dir, &args)
+            .stdout(Stdio::null())
+            .stderr(File::create(&self.stderr).expect("a log file"))
+            .spawn()
+            .expect("spawn flowforge server again");
+        let base = self.wait_listening().await;
+        assert_eq!(base, self.base, "the server came back elsewhere");
     }
 
     pub(crate) fn logs(&self) -> String {
