@@ -27,7 +27,7 @@ pub const PAGES: [&str; 5] = [
 /// Where the assets are served.
 pub const ASSETS: &str = "/ui/{file}";
 
-/// The assets: name, media type, bytes.
+/// The assets: name, media type, bytes; the shell first.
 const FILES: [(&str, &str, &[u8]); 9] = [
     (
         "index.html",
@@ -126,8 +126,11 @@ fn serve(index: usize, headers: &HeaderMap) -> Response {
     (common, [(CONTENT_TYPE, HeaderValue::from_static(media))], bytes).into_response()
 }
 
+/// `FILES[SHELL]` is `index.html`, which every page URL serves.
+const SHELL: usize = 0;
+
 async fn shell(headers: HeaderMap) -> Response {
-    serve(0, &headers)
+    serve(SHELL, &headers)
 }
 
 async fn asset(Path(file): Path<String>, headers: HeaderMap) -> Response {

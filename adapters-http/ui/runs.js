@@ -53,7 +53,7 @@ export function mount() {
       h("td", {}, String(r.version)),
       h("td", {}, badge(r.state)),
       h("td", {}, when(r.created_at)),
-      h("td", {}, took(r.started_at, r.finished_at ?? (r.state === "running" ? null : r.started_at))))));
+      h("td", {}, took(r.started_at, r.finished_at)))));
     if (sorted.length === 0) body.append(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No runs yet.")));
     count.textContent = `${sorted.length} shown`;
     more.hidden = !cursor;
