@@ -57,6 +57,24 @@ async fn record_states(browser: &Browser) {
         .await;
 }
 
+/// Publishes `def`, runs it to its end through the API, and opens its
+/// page once the graph is drawn; the run's id.
+async fn finished_run_page(api: &Api, browser: &Browser, def: &Value) -> String {
+    api.publish(def).await;
+    let workflow = def["name"].as_str().expect("a name");
+    let id = api.start_run(workflow, json!({})).await;
+    api.wait_run(&id).await;
+    open(api, browser, &format!("/runs/{id}")).await;
+    browser.wait_for("#dag[data-ready]").await;
+    id
+}
+
+/// Milliseconds from navigation to the run page's graph answering clicks,
+/// as the page records it.
+async fn time_to_interactive(browser: &Browser) -> Value {
+    browser.js("return window.__flowforge.readyAtMs", vec![]).await
+}
+
 async fn seen(browser: &Browser) -> Value {
     browser.js("return window.__seen", vec![]).await
 }
@@ -141,12 +159,8 @@ async fn screenshot_of_a_failed_saga_shows_its_compensators_and_every_attempt() 
         return;
     };
     let saga: Value = serde_json::from_str(include_str!("../../../examples/saga.json")).expect("saga.json");
-    api.publish(&saga).await;
-    let id = api.start_run("order-saga", json!({})).await;
-    api.wait_run(&id).await;
-    open(&api, &browser, &format!("/runs/{id}")).await;
+    finished_run_page(&api, &browser, &saga).await;
     browser.wait_for("#run-header[data-run-state=\"failed\"]").await;
-    browser.wait_for("#dag[data-ready]").await;
     // Compensators sit in their own lane, each naming what it undoes.
     for (key, undoes, state) in [
         ("release_inventory", "reserve_inventory", "succeeded"),
@@ -369,10 +383,7 @@ async fn screenshot_of_a_1000_task_fan_out_groups_the_wide_level() {
     let Some((api, browser)) = setup("ui-fanout", &[]).await else {
         return;
     };
-    api.publish(&fanout("fanout-1000", 998)).await;
-    let id = api.start_run("fanout-1000", json!({})).await;
-    api.wait_run(&id).await;
-    open(&api, &browser, &format!("/runs/{id}")).await;
+    finished_run_page(&api, &browser, &fanout("fanout-1000", 998)).await;
     browser
         .wait_for(".node.group[data-group-level=\"1\"][data-state=\"succeeded\"]")
         .await;
@@ -391,12 +402,8 @@ async fn a_2000_task_run_page_is_interactive_and_walkable_by_keyboard() {
     let Some((api, browser)) = setup("ui-2000", &[]).await else {
         return;
     };
-    api.publish(&fanout("fanout-2000", 1_998)).await;
-    let id = api.start_run("fanout-2000", json!({})).await;
-    api.wait_run(&id).await;
-    open(&api, &browser, &format!("/runs/{id}")).await;
-    browser.wait_for("#dag[data-ready]").await;
-    let ready = browser.js("return window.__flowforge.readyAtMs", vec![]).await;
+    finished_run_page(&api, &browser, &fanout("fanout-2000", 1_998)).await;
+    let ready = time_to_interactive(&browser).await;
     println!("ui time_to_interactive_2000_tasks_ms={ready}");
     // The wide level opens on click; each task is then a node of its own.
     browser.click(".node.group[data-group-level=\"1\"]").await;
@@ -487,13 +494,9 @@ async fn a_2000_task_run_drawn_node_by_node_is_interactive() {
             tasks.push(json!({"key": key(level, lane), "task_type": "noop", "depends_on": deps}));
         }
     }
-    api.publish(&json!({"name": "grid-2000", "version": 1, "tasks": tasks}))
-        .await;
-    let id = api.start_run("grid-2000", json!({})).await;
-    api.wait_run(&id).await;
-    open(&api, &browser, &format!("/runs/{id}")).await;
-    browser.wait_for("#dag[data-ready]").await;
-    let ready = browser.js("return window.__flowforge.readyAtMs", vec![]).await;
+    let grid = json!({"name": "grid-2000", "version": 1, "tasks": tasks});
+    finished_run_page(&api, &browser, &grid).await;
+    let ready = time_to_interactive(&browser).await;
     println!("ui time_to_interactive_2000_tasks_drawn_ms={ready}");
     assert_eq!(
         browser
