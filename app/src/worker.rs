@@ -551,6 +551,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             cancel: cancel.clone(),
         };
         let ending = self.supervise(claim, asked, ctx, timeout, cancel).await;
+        let mut retry_after = None;
         let (error, permanent_failure) = match ending {
             // An output no store can keep, or too large to, fails for good:
             // the same handler gives the same output again.
@@ -563,7 +564,11 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                     Err(refusal) => (refusal.to_string(), true),
                 }
             }
-            Ending::Failed(e) => (e.message, e.kind == flowforge_ports::FailureKind::Permanent),
+            Ending::Failed(e) => {
+                retry_after = e.retry_after;
+                let permanent = e.is_permanent();
+                (e.message, permanent)
+            }
             Ending::TimedOut(after) => (format!("timed out after {}s", after.as_secs_f64()), false),
             Ending::Cancelled => return (TaskOutcome::Cancelled, event),
             Ending::LeaseLost => ("the lease was lost (reaped) while the handler ran".to_owned(), false),
@@ -578,7 +583,12 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
         // As the store will keep it (docs/design/data-flow.md#limits).
         let error = limits::storable_text(&error).into_owned();
         event.error = Some(error.clone());
-        event.retry_in = policy.next_retry(claim.attempt, permanent_failure);
+        // A handler that knows when trying again makes sense (a
+        // `Retry-After`) delays the retry past the policy's backoff, never
+        // below it and never into an attempt the policy does not allow.
+        event.retry_in = policy
+            .next_retry(claim.attempt, permanent_failure)
+            .map(|backoff| retry_after.map_or(backoff, |after| backoff.max(after)));
         (
             TaskOutcome::Failed {
                 error,

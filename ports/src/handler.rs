@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::time::Duration;
 
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
@@ -54,6 +55,10 @@ pub struct HandlerError {
     pub message: String,
     /// Retryable or permanent.
     pub kind: FailureKind,
+    /// The least wait before the next attempt (an HTTP `Retry-After`, a
+    /// rate limit's reset): the retry waits for the longer of this and the
+    /// retry policy's backoff. Ignored for a permanent failure.
+    pub retry_after: Option<Duration>,
 }
 
 impl HandlerError {
@@ -62,6 +67,15 @@ impl HandlerError {
         Self {
             message: message.to_string(),
             kind: FailureKind::Retryable,
+            retry_after: None,
+        }
+    }
+
+    /// A failure another attempt may fix, but not before `after`.
+    pub fn retryable_after(message: impl fmt::Display, after: Duration) -> Self {
+        Self {
+            retry_after: Some(after),
+            ..Self::retryable(message)
         }
     }
 
@@ -70,6 +84,7 @@ impl HandlerError {
         Self {
             message: message.to_string(),
             kind: FailureKind::Permanent,
+            retry_after: None,
         }
     }
 
