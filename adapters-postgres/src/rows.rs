@@ -94,6 +94,7 @@ pub(crate) struct TaskRunRow {
     pub(crate) finished_at: Option<DateTime<Utc>>,
     pub(crate) retry_at: Option<DateTime<Utc>>,
     pub(crate) lease_owner: Option<String>,
+    pub(crate) progress: Option<Value>,
     pub(crate) created_at: DateTime<Utc>,
 }
 
@@ -113,6 +114,7 @@ impl TaskRunRow {
             finished_at: self.finished_at,
             retry_at: self.retry_at,
             lease_owner: self.lease_owner,
+            progress: self.progress,
             created_at: self.created_at,
         })
     }

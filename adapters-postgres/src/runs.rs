@@ -37,6 +37,24 @@ struct ClaimRow {
     woke_scheduler: bool,
 }
 
+impl ClaimRow {
+    fn into_claim(self) -> Result<Claim, store::Error> {
+        let id = self.id;
+        Ok(Claim {
+            task_run_id: TaskRunId(self.id),
+            run_id: RunId(self.run_id),
+            workflow_id: WorkflowId(self.workflow_id),
+            task_key: self.task_key,
+            compensate_for: self.compensate_for,
+            attempt: to_u32(self.attempt, "task_run.attempt")?,
+            token: self.fencing_token,
+            lease_expires_at: self
+                .lease_expires_at
+                .ok_or_else(|| corrupt(format!("task run {id} is running without a lease")))?,
+        })
+    }
+}
+
 #[derive(Debug, sqlx::FromRow)]
 struct ReapRow {
     id: i64,
@@ -289,18 +307,63 @@ impl RunStore for PgStore {
             return Ok(None);
         };
         self.announce(&[(Topic::Scheduler, row.woke_scheduler)]).await;
-        Ok(Some(Claim {
-            task_run_id: TaskRunId(row.id),
-            run_id: RunId(row.run_id),
-            workflow_id: WorkflowId(row.workflow_id),
-            task_key: row.task_key,
-            compensate_for: row.compensate_for,
-            attempt: to_u32(row.attempt, "task_run.attempt")?,
-            token: row.fencing_token,
-            lease_expires_at: row
-                .lease_expires_at
-                .ok_or_else(|| corrupt(format!("task run {id} is running without a lease")))?,
-        }))
+        row.into_claim().map(Some)
+    }
+
+    async fn claim_ready(
+        &self,
+        task_types: &[String],
+        worker: &WorkerId,
+        lease: Duration,
+        max: u32,
+    ) -> Result<Vec<Claim>, store::Error> {
+        if max == 0 || task_types.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<ClaimRow> = sqlx::query_as(queries::CLAIM_READY)
+            .bind(self.offset())
+            .bind(task_types)
+            .bind(&worker.0)
+            .bind(interval(lease)?)
+            .bind(i64::from(max))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        let woke = rows.iter().any(|r| r.woke_scheduler);
+        self.announce(&[(Topic::Scheduler, woke)]).await;
+        rows.into_iter().map(ClaimRow::into_claim).collect()
+    }
+
+    async fn dispatch_is_current(&self, id: TaskRunId, token: i64) -> Result<bool, store::Error> {
+        sqlx::query_scalar(queries::DISPATCH_IS_CURRENT)
+            .bind(id.0)
+            .bind(token)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(store_error)
+    }
+
+    async fn report_progress(
+        &self,
+        id: TaskRunId,
+        token: i64,
+        progress: &Value,
+        lease: Duration,
+    ) -> Result<LeaseStatus, store::Error> {
+        limits::refuse_nul(ValueKind::TaskProgress, progress)?;
+        let cancel_requested: Option<bool> = sqlx::query_scalar(queries::REPORT_PROGRESS)
+            .bind(self.offset())
+            .bind(id.0)
+            .bind(token)
+            .bind(interval(lease)?)
+            .bind(progress)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        Ok(match cancel_requested {
+            Some(cancel_requested) => LeaseStatus::Held { cancel_requested },
+            None => LeaseStatus::Lost,
+        })
     }
 
     async fn task_inputs(&self, run: RunId, keys: &[String], limit: usize) -> Result<TaskInputs, store::Error> {

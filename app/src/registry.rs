@@ -184,11 +184,13 @@ pub(crate) mod tests {
             task_key: "t".into(),
             task_type: task_type.into(),
             attempt: 1,
+            token: 1,
             idempotency_key: "r:t".into(),
             run_input: json!({}),
             inputs: Default::default(),
             config: Default::default(),
             cancel: CancellationToken::new(),
+            pulse: Default::default(),
         }
     }
 

@@ -29,18 +29,22 @@ pub enum ApiScope {
     RunsWrite,
     /// Read the worker registry.
     WorkersRead,
+    /// Claim, heartbeat and finish task runs as a remote worker
+    /// (docs/design/handlers.md#remote-workers).
+    Worker,
     /// Everything, metrics included.
     Admin,
 }
 
 impl ApiScope {
     /// Every scope, in the order they are documented.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::DefinitionsRead,
         Self::DefinitionsWrite,
         Self::RunsRead,
         Self::RunsWrite,
         Self::WorkersRead,
+        Self::Worker,
         Self::Admin,
     ];
 
@@ -52,6 +56,7 @@ impl ApiScope {
             Self::RunsRead => "runs:read",
             Self::RunsWrite => "runs:write",
             Self::WorkersRead => "workers:read",
+            Self::Worker => "worker",
             Self::Admin => "admin",
         }
     }
@@ -66,7 +71,7 @@ impl fmt::Display for ApiScope {
 /// A scope name that is not one of [`ApiScope::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown scope '{0}'; scopes are definitions:read, definitions:write, runs:read, runs:write, workers:read, admin"
+    "unknown scope '{0}'; scopes are definitions:read, definitions:write, runs:read, runs:write, workers:read, worker, admin"
 )]
 pub struct UnknownScope(pub String);
 

@@ -17,6 +17,7 @@ use flowforge_ports::{
     Delivery, Dispatch, DispatchConsumer, DispatchQueue, HandlerError, RunId, Store, TaskContext, TaskEvent, WorkerId,
     queue, store,
 };
+use flowforge_ports::handler::Pulse;
 use serde_json::Value;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -36,6 +37,9 @@ const STORE_TROUBLE_PAUSE: Duration = Duration::from_secs(1);
 /// returning it, so that the broker hands it to another consumer instead
 /// of straight back to this one.
 const NOT_SERVED_PAUSE: Duration = Duration::from_millis(200);
+/// The least time between two lease renewals a handler's pulses bring
+/// forward.
+const PULSE_GAP: Duration = Duration::from_secs(1);
 
 /// The first pause before storing an outcome again after the store was
 /// unreachable; it doubles up to [`FINISH_RETRY_MAX_PAUSE`].
@@ -320,6 +324,15 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             // it; on a queue shared with workers that serve more types, the
             // dispatch belongs to one of them.
             if !self.registry.contains(&d.task_type) {
+                // A type served by polling workers only (over the API) has
+                // its dispatches circle among the consumers until one of
+                // those claims the row; from then on the dispatch is stale
+                // and dropped here rather than returned.
+                if let Ok(false) = self.store.dispatch_is_current(d.task_run_id, d.fencing_token).await {
+                    tracing::debug!("not ready at this token any more (claimed by a polling worker); acking");
+                    delivery.ack().await?;
+                    return Ok(Handled::Skipped);
+                }
                 tracing::debug!(task_type = %d.task_type, "task type not served here; returning the dispatch");
                 tokio::time::sleep(NOT_SERVED_PAUSE).await;
                 delivery.nack_requeue().await?;
@@ -419,6 +432,28 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 other => return other,
             }
         }
+    }
+
+    /// Renews the lease, storing the progress reported since the last
+    /// renewal with it when there is some it can store.
+    async fn renew(&self, claim: &Claim, progress: Option<Value>) -> Result<LeaseStatus, store::Error> {
+        let lease = self.config.lease;
+        if let Some(progress) = progress {
+            match limits::check_value(ValueKind::TaskProgress, &progress, limits::MAX_PROGRESS_BYTES) {
+                Ok(_) => match self
+                    .store
+                    .report_progress(claim.task_run_id, claim.token, &progress, lease)
+                    .await
+                {
+                    Err(store::Error::Refused(refusal)) => {
+                        tracing::warn!(%refusal, "progress not stored");
+                    }
+                    other => return other,
+                },
+                Err(refusal) => tracing::warn!(%refusal, "progress not stored"),
+            }
+        }
+        self.store.renew_lease(claim.task_run_id, claim.token, lease).await
     }
 
     fn report(&self, result: FinishResult, event: TaskEvent) {
@@ -544,11 +579,13 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             task_key: claim.task_key.clone(),
             task_type: task.task_type().to_owned(),
             attempt: claim.attempt,
+            token: claim.token,
             idempotency_key: format!("{}:{}", claim.run_id, claim.task_key),
             run_input: inputs.run_input,
             inputs: inputs.outputs,
             config: task.config().clone(),
             cancel: cancel.clone(),
+            pulse: Pulse::default(),
         };
         let ending = self.supervise(claim, asked, ctx, timeout, cancel).await;
         let mut retry_after = None;
@@ -619,6 +656,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
         timeout: Duration,
         cancel: CancellationToken,
     ) -> Ending {
+        let pulse = ctx.pulse.clone();
         let Some(mut handler) = self.registry.invoke(ctx) else {
             return Ending::Failed(HandlerError::permanent("the handler disappeared from the registry"));
         };
@@ -630,6 +668,10 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
         let mut renewed_at = asked;
         let mut held_until = asked + lease;
         let mut next_beat = Instant::now() + beat;
+        // A pulse brings the next renewal forward, but never closer than
+        // this to the one before: a chatty handler costs one write a second.
+        let pulse_gap = beat.min(PULSE_GAP);
+        let mut last_sent = asked;
         let mut renewal: Option<Renewal<'_>> = None;
         let stop = loop {
             let give_up_at = held_until.checked_sub(margin).unwrap_or(held_until);
@@ -649,9 +691,13 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 () = tokio::time::sleep_until(give_up_at) => {
                     break Ending::LeaseExpiring(renewed_at.elapsed());
                 }
+                () = pulse.pulsed(), if renewal.is_none() => {
+                    next_beat = next_beat.min(Instant::now().max(last_sent + pulse_gap));
+                }
                 () = tokio::time::sleep_until(next_beat), if renewal.is_none() => {
                     let sent = Instant::now();
-                    let renew = self.store.renew_lease(claim.task_run_id, claim.token, lease);
+                    last_sent = sent;
+                    let renew = self.renew(claim, pulse.take_progress());
                     // A renewal that hangs is given up at the next beat, so a
                     // fresh one (on a fresh connection) can be tried.
                     renewal = Some(Box::pin(async move { (sent, tokio::time::timeout(beat, renew).await) }));

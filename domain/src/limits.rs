@@ -23,6 +23,10 @@ pub const DEFAULT_TASK_INPUTS_BYTES: usize = 16 * 1024 * 1024;
 /// without bound (docs/design/data-flow.md#limits).
 pub const MAX_STALE_AUDITS_PER_TASK_RUN: i64 = 100;
 
+/// The largest progress report an attempt may store (its compact JSON
+/// text): progress is a small status shown with the task, not an output.
+pub const MAX_PROGRESS_BYTES: usize = 64 * 1024;
+
 /// The size limits a run's data is held to; each is a setting of its own
 /// (`max_run_input_bytes`, `max_task_output_bytes`,
 /// `max_task_inputs_bytes`). Sizes are of the value's compact JSON text.
@@ -56,6 +60,8 @@ pub enum ValueKind {
     TaskOutput,
     /// The outputs assembled as one task's inputs.
     TaskInputs,
+    /// What a running attempt reports of its progress.
+    TaskProgress,
 }
 
 impl ValueKind {
@@ -65,13 +71,14 @@ impl ValueKind {
             Self::RunInput => "the run input",
             Self::TaskOutput => "the task's output",
             Self::TaskInputs => "the task's inputs (its dependencies' outputs)",
+            Self::TaskProgress => "the task's progress",
         }
     }
 
     /// The verb that agrees with [`Self::as_str`].
     fn is(self) -> &'static str {
         match self {
-            Self::RunInput | Self::TaskOutput => "is",
+            Self::RunInput | Self::TaskOutput | Self::TaskProgress => "is",
             Self::TaskInputs => "are",
         }
     }
@@ -82,6 +89,7 @@ impl ValueKind {
             Self::RunInput => "max_run_input_bytes",
             Self::TaskOutput => "max_task_output_bytes",
             Self::TaskInputs => "max_task_inputs_bytes",
+            Self::TaskProgress => "fixed",
         }
     }
 }

@@ -3,9 +3,11 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::ids::RunId;
@@ -22,6 +24,11 @@ pub struct TaskContext {
     pub task_type: String,
     /// 1-based attempt number.
     pub attempt: u32,
+    /// The attempt's fencing token: it grows with every claim, so a
+    /// downstream system that keeps the highest token it has seen for
+    /// `idempotency_key` can refuse the writes of an attempt that lost its
+    /// lease (docs/design/leases-and-fencing.md).
+    pub token: i64,
     /// `{run_id}:{task_key}`: stable across attempts and redeliveries, so a
     /// handler can make its side effect idempotent.
     pub idempotency_key: String,
@@ -35,6 +42,63 @@ pub struct TaskContext {
     /// Cancelled when the attempt must stop: timeout, run cancelled, lease
     /// lost or shutdown. A handler that ignores it is abandoned.
     pub cancel: CancellationToken,
+    /// The attempt's line back to its worker: progress and heartbeats.
+    pub pulse: Pulse,
+}
+
+impl TaskContext {
+    /// Reports how far the attempt has got: a small JSON value (at most
+    /// [`MAX_PROGRESS_BYTES`](flowforge_domain::limits::MAX_PROGRESS_BYTES))
+    /// shown with the task in `runs get` and the API. See [`Pulse::progress`].
+    pub fn progress(&self, value: Value) {
+        self.pulse.progress(value);
+    }
+
+    /// Renews the lease now. See [`Pulse::heartbeat`].
+    pub fn heartbeat(&self) {
+        self.pulse.heartbeat();
+    }
+}
+
+/// What a running handler tells its worker between start and end. The
+/// worker renews the attempt's lease on its own every third of a lease;
+/// a pulse brings the next renewal forward (to at most one store write a
+/// second) and carries the latest progress with it, so a handler busy
+/// with long CPU work can show it is alive and how far it is. Cheap to
+/// clone; usable from a blocking handler's thread.
+#[derive(Debug, Clone, Default)]
+pub struct Pulse(Arc<PulseState>);
+
+#[derive(Debug, Default)]
+struct PulseState {
+    progress: Mutex<Option<Value>>,
+    wake: Notify,
+}
+
+impl Pulse {
+    /// Reports progress: the latest value wins, and it is stored with the
+    /// next renewal. A value too large to store is dropped with a warning
+    /// in the worker's log.
+    pub fn progress(&self, value: Value) {
+        *self.0.progress.lock().unwrap_or_else(PoisonError::into_inner) = Some(value);
+        self.0.wake.notify_one();
+    }
+
+    /// Asks the worker to renew the lease now.
+    pub fn heartbeat(&self) {
+        self.0.wake.notify_one();
+    }
+
+    /// For the worker: resolves at the next report or heartbeat (one sent
+    /// while nobody waited included).
+    pub async fn pulsed(&self) {
+        self.0.wake.notified().await;
+    }
+
+    /// For the worker: the progress reported since the last take.
+    pub fn take_progress(&self) -> Option<Value> {
+        self.0.progress.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
 }
 
 /// Whether a failed attempt may be retried

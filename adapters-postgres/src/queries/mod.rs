@@ -221,6 +221,7 @@ pub const CLAIM: &str = concat!(
         started_at = COALESCE(tr.started_at, ",
     now!(),
     "),
+        progress = NULL,
         needs_pass = tr.needs_pass OR (wr.state = 'pending' AND tr.started_at IS NULL)
     FROM workflow_run AS wr
     WHERE tr.id = $2 AND tr.state = 'ready' AND tr.fencing_token = $3
@@ -240,6 +241,66 @@ pub const CLAIM: &str = concat!(
 SELECT c.id, c.run_id, c.workflow_id, c.task_key, c.compensate_for, c.attempt, c.fencing_token, c.lease_expires_at,
        c.run_pending AS woke_scheduler
 FROM claimed AS c"
+);
+
+/// claim_ready: the `claim` edge of [`CLAIM`] for up to `$5` ready rows of
+/// the task types `$2`, oldest first, skipping rows another claimer holds
+/// (`taskrun_ready_idx`). `$1` offset, `$2` task types, `$3` worker, `$4`
+/// lease, `$5` most rows.
+pub const CLAIM_READY: &str = concat!(
+    "WITH picked AS (
+    SELECT tr.id
+    FROM task_run AS tr
+    JOIN workflow_run AS wr ON wr.id = tr.run_id
+    JOIN task AS t ON t.workflow_id = wr.workflow_id AND t.key = tr.task_key
+    WHERE tr.state = 'ready' AND t.task_type = ANY($2)
+      AND (wr.cancel_requested_at IS NULL OR tr.compensate_for IS NOT NULL)
+    ORDER BY tr.id
+    LIMIT $5
+    FOR UPDATE OF tr SKIP LOCKED
+), claimed AS (
+    UPDATE task_run AS tr
+    SET state = 'running',
+        fencing_token = tr.fencing_token + 1,
+        lease_owner = $3,
+        lease_expires_at = ",
+    now!(),
+    " + $4::interval,
+        started_at = COALESCE(tr.started_at, ",
+    now!(),
+    "),
+        progress = NULL,
+        needs_pass = tr.needs_pass OR (wr.state = 'pending' AND tr.started_at IS NULL)
+    FROM picked, workflow_run AS wr
+    WHERE tr.id = picked.id AND tr.state = 'ready' AND wr.id = tr.run_id
+    RETURNING tr.id, tr.run_id, wr.workflow_id, tr.task_key, tr.compensate_for, tr.attempt, tr.fencing_token,
+              tr.lease_expires_at, wr.state = 'pending' AS run_pending
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, 'claim', 'ready', 'running', attempt, fencing_token, $3, ",
+    now!(),
+    ", NULL FROM claimed
+)
+SELECT c.id, c.run_id, c.workflow_id, c.task_key, c.compensate_for, c.attempt, c.fencing_token, c.lease_expires_at,
+       c.run_pending AS woke_scheduler
+FROM claimed AS c ORDER BY c.id"
+);
+
+/// dispatch_is_current: the row is ready at the dispatch's token. `$1` id,
+/// `$2` token.
+pub const DISPATCH_IS_CURRENT: &str =
+    "SELECT EXISTS (SELECT 1 FROM task_run WHERE id = $1 AND state = 'ready' AND fencing_token = $2)";
+
+/// report_progress: [`RENEW_LEASE`] that also stores the attempt's
+/// progress. `$1` offset, `$2` id, `$3` token, `$4` lease, `$5` progress.
+pub const REPORT_PROGRESS: &str = concat!(
+    "UPDATE task_run AS tr SET lease_expires_at = ",
+    now!(),
+    " + $4::interval, progress = $5
+FROM workflow_run AS wr
+WHERE tr.id = $2 AND tr.state = 'running' AND tr.fencing_token = $3 AND wr.id = tr.run_id
+RETURNING wr.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL AS cancel_requested"
 );
 
 /// renew_lease: extends the lease while the token holds it, reporting a
@@ -568,7 +629,7 @@ WHERE wr.id = $1"
 /// get_run: the task runs in creation order (`uniq_taskrun_run_key`). `$1` run.
 pub const GET_RUN_TASKS: &str = "\
 SELECT id, task_key, compensate_for, state, attempt, fencing_token, cancel_reason, result, error,
-       started_at, finished_at, retry_at, lease_owner, created_at
+       started_at, finished_at, retry_at, lease_owner, progress, created_at
 FROM task_run WHERE run_id = $1 ORDER BY id";
 
 /// get_run (`$2` 0, `$3` NULL) and run_events: the run's events numbered

@@ -77,6 +77,7 @@ struct TaskRunRow {
     finished_at: Option<i64>,
     retry_at: Option<i64>,
     lease_owner: Option<String>,
+    progress: Option<String>,
     created_at: i64,
 }
 
@@ -109,6 +110,7 @@ impl TaskRunRow {
             finished_at: opt_time("task_run.finished_at", self.finished_at)?,
             retry_at: opt_time("task_run.retry_at", self.retry_at)?,
             lease_owner: self.lease_owner,
+            progress: self.progress.as_deref().map(|p| json("task_run.progress", p)).transpose()?,
             created_at: time("task_run.created_at", self.created_at)?,
         })
     }
@@ -338,6 +340,80 @@ impl RunStore for SqliteStore {
             token: row.fencing_token,
             lease_expires_at: time("task_run.lease_expires_at", row.lease_expires_at)?,
         }))
+    }
+
+    async fn claim_ready(
+        &self,
+        task_types: &[String],
+        worker: &WorkerId,
+        lease: Duration,
+        max: u32,
+    ) -> Result<Vec<Claim>, store::Error> {
+        if max == 0 || task_types.is_empty() {
+            return Ok(Vec::new());
+        }
+        let types = serde_json::to_string(task_types).map_err(|e| store::Error::Other(e.to_string()))?;
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(sql(READY_OF_TYPES).bind(types).bind(i64::from(max)))
+            .await?;
+        // Each candidate is claimed at the token it was read at: one that
+        // a dispatch or another poller took meanwhile no longer matches
+        // and is skipped, as the claim's conditional UPDATE decides.
+        let mut claims = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let id = TaskRunId(col(row, 0)?);
+            if let Some(claim) = self.claim_task_run(id, col(row, 1)?, worker, lease).await? {
+                claims.push(claim);
+            }
+        }
+        Ok(claims)
+    }
+
+    async fn dispatch_is_current(&self, id: TaskRunId, token: i64) -> Result<bool, store::Error> {
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(sql(DISPATCH_IS_CURRENT).bind(id.0).bind(token))
+            .await?;
+        match rows.first() {
+            Some(row) => col(row, 0),
+            None => Ok(false),
+        }
+    }
+
+    async fn report_progress(
+        &self,
+        id: TaskRunId,
+        token: i64,
+        progress: &Value,
+        lease: Duration,
+    ) -> Result<LeaseStatus, store::Error> {
+        limits::refuse_nul(ValueKind::TaskProgress, progress)?;
+        let offset = self.inner.offset();
+        let text = progress.to_string();
+        let rows = self
+            .inner
+            .write()
+            .await?
+            .call(padded(
+                sql(REPORT_PROGRESS)
+                    .bind(offset)
+                    .bind(id.0)
+                    .bind(token)
+                    .bind(duration_ms(lease))
+                    .bind(text),
+            ))
+            .await?;
+        Ok(match rows.first() {
+            Some(row) => LeaseStatus::Held {
+                cancel_requested: col(row, 0)?,
+            },
+            None => LeaseStatus::Lost,
+        })
     }
 
     async fn task_inputs(&self, run: RunId, keys: &[String], limit: usize) -> Result<TaskInputs, store::Error> {

@@ -14,7 +14,7 @@ macro_rules! claim_update {
     () => {
         concat!(
             "UPDATE task_run SET state = 'running', fencing_token = fencing_token + 1, lease_owner = ?4, \
-             lease_expires_at = ",
+             progress = NULL, lease_expires_at = ",
             now!(),
             " + ?5, started_at = COALESCE(started_at, ",
             now!(),
@@ -116,6 +116,32 @@ pub(crate) const RENEW: &str = concat!(
        AND (SELECT r.cancel_requested_at IS NOT NULL FROM workflow_run r WHERE r.id = task_run.run_id); \
      COMMIT"
 );
+
+/// report_progress: [`RENEW`] that also stores the progress. `?2` id,
+/// `?3` token, `?4` lease in ms, `?5` progress (JSON text).
+pub(crate) const REPORT_PROGRESS: &str = concat!(
+    "BEGIN IMMEDIATE; UPDATE task_run SET progress = ?5, lease_expires_at = ",
+    now!(),
+    " + ?4 WHERE id = ?2 AND state = 'running' AND fencing_token = ?3 \
+     RETURNING compensate_for IS NULL \
+       AND (SELECT r.cancel_requested_at IS NOT NULL FROM workflow_run r WHERE r.id = task_run.run_id); \
+     COMMIT"
+);
+
+/// claim_ready: the oldest ready rows of the task types `?1` (a JSON
+/// array), at most `?2`, with the token each is ready at; each is then
+/// claimed by [`CLAIM_CALL`] at that token (`taskrun_ready_idx`).
+pub(crate) const READY_OF_TYPES: &str = "\
+SELECT tr.id, tr.fencing_token FROM task_run tr \
+JOIN workflow_run r ON r.id = tr.run_id \
+JOIN task t ON t.workflow_id = r.workflow_id AND t.key = tr.task_key \
+WHERE tr.state = 'ready' AND t.task_type IN (SELECT value FROM json_each(?1)) \
+  AND (tr.compensate_for IS NOT NULL OR r.cancel_requested_at IS NULL) \
+ORDER BY tr.id LIMIT ?2";
+
+/// dispatch_is_current: `?1` id, `?2` token.
+pub(crate) const DISPATCH_IS_CURRENT: &str =
+    "SELECT EXISTS (SELECT 1 FROM task_run WHERE id = ?1 AND state = 'ready' AND fencing_token = ?2)";
 
 /// request_cancel: the run as it was, then the request when it applies
 /// (the UPDATE restates exactly the conditions the caller reads). `?2` run.
@@ -431,7 +457,8 @@ pub(crate) const GET_RUN: &str = concat!(
      SELECT 1 AS tag, json_group_array(json_object('id', id, 'task_key', task_key, 'compensate_for', compensate_for, \
      'state', state, 'attempt', attempt, 'fencing_token', fencing_token, 'cancel_reason', cancel_reason, \
      'result', result, 'error', error, 'started_at', started_at, 'finished_at', finished_at, 'retry_at', retry_at, \
-     'lease_owner', lease_owner, 'created_at', created_at)) AS rows FROM task_run WHERE run_id = ?1; \
+     'lease_owner', lease_owner, 'progress', progress, 'created_at', created_at)) AS rows \
+     FROM task_run WHERE run_id = ?1; \
      SELECT 2 AS tag, json_group_array(json_object('seq', seq, 'task', task, 'transition', transition, \
      'from_state', from_state, 'to_state', to_state, 'attempt', attempt, 'token', token, 'worker', worker, \
      'at', at, 'error', error)) AS rows FROM (",

@@ -20,7 +20,7 @@ pub(crate) enum Command {
         #[arg(long)]
         name: String,
         /// What it may do (repeat): definitions:read, definitions:write,
-        /// runs:read, runs:write, workers:read, admin.
+        /// runs:read, runs:write, workers:read, worker, admin.
         #[arg(long = "scope", required = true, value_parser = parse_scope)]
         scopes: Vec<ApiScope>,
         /// How long it is good for: a number with s, m, h or d (`30d`).

@@ -111,6 +111,10 @@ macro_rules! store_contract_tests {
             tokens_are_created_found_expired_and_revoked,
             concurrent_token_creates_with_one_name_make_one,
             gauges_count_active_work_and_the_store_is_ready,
+            claim_ready_takes_ready_rows_of_the_asked_types,
+            claim_ready_skips_forward_tasks_of_cancel_requested_runs,
+            pollers_and_consumers_claim_each_row_once,
+            progress_is_fenced_and_cleared_by_the_next_claim,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
@@ -137,6 +141,7 @@ mod limits;
 mod model;
 mod outbox;
 mod pass;
+mod polling;
 mod queries;
 mod reads;
 mod reaper;
@@ -150,6 +155,7 @@ pub use limits::*;
 pub use model::*;
 pub use outbox::*;
 pub use pass::*;
+pub use polling::*;
 pub use queries::*;
 pub use reads::*;
 pub use reaper::*;

@@ -137,6 +137,48 @@ pub trait RunStore: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<Option<Claim>, Error>> + Send;
 
+    /// Claims up to `max` ready task runs whose task type is one of
+    /// `task_types`, oldest readiness first, for a worker that polls instead
+    /// of consuming dispatches (docs/design/handlers.md#remote-workers).
+    /// Each row is the same `claim` edge as [`RunStore::claim_task_run`] —
+    /// token + 1, lease, event, a cancel-requested run's forward tasks
+    /// refused — at the token the row holds, so a dispatch of that row
+    /// delivered meanwhile finds it claimed and is acked without running.
+    ///
+    /// Contract: a row is claimed by at most one caller, whether the others
+    /// poll or consume dispatches; concurrent callers skip each other's
+    /// rows instead of waiting on them.
+    fn claim_ready(
+        &self,
+        task_types: &[String],
+        worker: &WorkerId,
+        lease: Duration,
+        max: u32,
+    ) -> impl Future<Output = Result<Vec<Claim>, Error>> + Send;
+
+    /// Whether the task run is still ready at `token`, i.e. whether a
+    /// dispatch carrying that token could still be claimed. A worker that
+    /// does not serve a dispatch's type asks before returning it to the
+    /// queue: one that a polling worker claimed meanwhile is dropped
+    /// instead of circling forever.
+    fn dispatch_is_current(&self, id: TaskRunId, token: i64) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Stores the attempt's progress (a small JSON value shown with the
+    /// task, replaced by each report and cleared by the next claim) and
+    /// renews the lease as [`RunStore::renew_lease`] does, if `token` still
+    /// holds it.
+    ///
+    /// Contract: a token that no longer holds the lease changes nothing
+    /// and returns [`LeaseStatus::Lost`]; a value holding U+0000 is
+    /// refused with [`Error::Refused`].
+    fn report_progress(
+        &self,
+        id: TaskRunId,
+        token: i64,
+        progress: &Value,
+        lease: Duration,
+    ) -> impl Future<Output = Result<LeaseStatus, Error>> + Send;
+
     /// Reads what an attempt needs: the run input and the outputs of the
     /// task's dependencies (for a compensator: of the task it undoes).
     ///

@@ -323,6 +323,9 @@ pub struct TaskRunView {
     pub retry_at: Option<DateTime<Utc>>,
     /// The lease holder, while running.
     pub lease_owner: Option<String>,
+    /// What the running attempt last reported of its progress (cleared by
+    /// each claim).
+    pub progress: Option<Value>,
     /// When its row was created.
     pub created_at: DateTime<Utc>,
 }
