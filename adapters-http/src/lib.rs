@@ -2,7 +2,8 @@
 //! serves the app's use cases over axum — definitions, runs, a run's live
 //! events, workers, tokens on every route, Prometheus metrics and the
 //! OpenAPI document generated from the handlers — and the web UI that
-//! uses them.
+//! uses them. It also holds the outbound side of HTTP: the `http` task
+//! type's handler (`task`).
 
 mod auth;
 pub mod backend;
@@ -11,6 +12,7 @@ pub mod metrics;
 mod problem;
 mod routes;
 mod state;
+pub mod task;
 pub mod ui;
 pub mod views;
 
