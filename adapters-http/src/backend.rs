@@ -4,16 +4,22 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
 
 use flowforge_app::attempts::Attempt;
+use flowforge_app::cache::DefinitionCache;
+use flowforge_app::remote::{Beat, BeatStatus, RemoteClaim, RemoteConfig, RemoteResult, RemoteWork};
 use flowforge_app::tokens::{self, Verdict};
 use flowforge_app::{Error, RunReport, Service, TaskTypes};
 use flowforge_domain::WorkflowDefinition;
 use flowforge_ports::store::{
-    CancelOutcome, DefinitionSummary, EventView, Gauges, IdempotencyKey, KeyedStart, Published, RunQuery,
+    CancelOutcome, DefinitionSummary, EventView, FinishResult, Gauges, IdempotencyKey, KeyedStart, Published,
+    RunQuery,
 };
-use flowforge_ports::{RunId, RunSummary, Store, WorkerInfo, WorkflowId};
+use flowforge_ports::{RunId, RunSummary, Store, WorkerId, WorkerInfo, WorkflowId};
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 /// A boxed future: the price of an object-safe trait, one allocation per call.
 pub type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>;
@@ -50,6 +56,20 @@ pub trait Backend: Send + Sync + 'static {
     fn ready(&self) -> Fut<'_, ()>;
     /// What a bearer secret grants.
     fn verify<'a>(&'a self, secret: &'a str) -> Fut<'a, Verdict>;
+    /// Claims ready task runs for a remote worker (long poll).
+    fn claim<'a>(
+        &'a self,
+        worker: &'a WorkerId,
+        task_types: &'a [String],
+        max: u32,
+        lease: Option<Duration>,
+        wait: Duration,
+        stop: &'a CancellationToken,
+    ) -> Fut<'a, Vec<RemoteClaim>>;
+    /// Renews a remote worker's leases.
+    fn heartbeat<'a>(&'a self, worker: &'a WorkerId, beats: &'a [Beat]) -> Fut<'a, Vec<BeatStatus>>;
+    /// Stores a remote worker's outcomes.
+    fn finish_remote<'a>(&'a self, worker: &'a WorkerId, results: Vec<RemoteResult>) -> Fut<'a, Vec<FinishResult>>;
 }
 
 /// [`Backend`] over the app's [`Service`].
@@ -57,12 +77,20 @@ pub trait Backend: Send + Sync + 'static {
 pub struct ServiceBackend<S: Store> {
     service: Service<S>,
     types: TaskTypes,
+    remote: RemoteWork<S>,
 }
 
 impl<S: Store> ServiceBackend<S> {
-    /// The use cases of `service`; definitions may use `types`.
-    pub fn new(service: Service<S>, types: TaskTypes) -> Self {
-        Self { service, types }
+    /// The use cases of `service`; definitions may use `types`; remote
+    /// workers are held to `remote`.
+    pub fn new(service: Service<S>, types: TaskTypes, remote: RemoteConfig) -> Self {
+        let store = service.store().clone();
+        let defs = Arc::new(DefinitionCache::new(store.clone()));
+        Self {
+            service,
+            types,
+            remote: RemoteWork::new(store, defs, remote),
+        }
     }
 }
 
@@ -116,5 +144,22 @@ impl<S: Store> Backend for ServiceBackend<S> {
     }
     fn verify<'a>(&'a self, secret: &'a str) -> Fut<'a, Verdict> {
         Box::pin(tokens::verify(self.service.store(), secret))
+    }
+    fn claim<'a>(
+        &'a self,
+        worker: &'a WorkerId,
+        task_types: &'a [String],
+        max: u32,
+        lease: Option<Duration>,
+        wait: Duration,
+        stop: &'a CancellationToken,
+    ) -> Fut<'a, Vec<RemoteClaim>> {
+        Box::pin(self.remote.claim(worker, task_types, max, lease, wait, stop))
+    }
+    fn heartbeat<'a>(&'a self, worker: &'a WorkerId, beats: &'a [Beat]) -> Fut<'a, Vec<BeatStatus>> {
+        Box::pin(self.remote.heartbeat(worker, beats))
+    }
+    fn finish_remote<'a>(&'a self, worker: &'a WorkerId, results: Vec<RemoteResult>) -> Fut<'a, Vec<FinishResult>> {
+        Box::pin(self.remote.finish(worker, results))
     }
 }

@@ -16,6 +16,7 @@ pub mod observers;
 pub mod process;
 pub mod publisher;
 pub mod registry;
+pub mod remote;
 pub mod report;
 pub mod scheduler;
 pub mod service;

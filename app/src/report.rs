@@ -42,6 +42,9 @@ pub struct TaskReport {
     pub started_at: Option<String>,
     /// End (RFC 3339 UTC).
     pub finished_at: Option<String>,
+    /// What the latest attempt last reported of its progress, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Value>,
 }
 
 /// One compensator in the report.
@@ -149,6 +152,7 @@ impl RunReport {
                 error: t.error.clone(),
                 started_at: time(t.started_at),
                 finished_at: time(t.finished_at),
+                progress: t.progress.clone(),
             })
             .collect();
 

@@ -32,7 +32,8 @@ const WAIT_RECHECK: Duration = Duration::from_secs(2);
 /// Which task types a definition may use when it is published.
 #[derive(Debug, Clone)]
 pub enum TaskTypes {
-    /// Exactly these (the handlers registered in this process).
+    /// These (the handlers registered in this process) and those a live
+    /// remote worker serves.
     Registered(BTreeSet<String>),
     /// The built-in types every worker serves (all but `command`) and
     /// those a live worker serves (the distributed mode: the workers run
@@ -139,7 +140,16 @@ impl<S: Store> Service<S> {
     /// here, or (distributed) a built-in or served by a live worker.
     pub async fn check_types(&self, def: &WorkflowDefinition, types: &TaskTypes) -> Result<(), Error> {
         match types {
-            TaskTypes::Registered(known) => check_task_types(def, known),
+            TaskTypes::Registered(known) => {
+                if check_task_types(def, known).is_ok() {
+                    return Ok(());
+                }
+                // A type no handler here serves may be served by a remote
+                // worker polling this store (docs/design/handlers.md#remote-workers).
+                let mut known = known.clone();
+                known.extend(self.store.live_task_types(LIVE_WORKER_WINDOW).await?);
+                check_task_types(def, &known)
+            }
             TaskTypes::LiveWorkers => {
                 // Every worker serves the built-ins but `command`, which
                 // one serves only with `--allow-command`.

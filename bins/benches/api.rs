@@ -247,7 +247,7 @@ async fn closed_loop(api: &Arc<Api>, workflow: &str, clients: usize, secs: u64) 
 async fn start_scenario(name: &str, db: &str, rate: u64) -> Value {
     let secs = env_number("API_BENCH_SECONDS", 5);
     let api = Arc::new(Api {
-        http: reqwest::Client::new(),
+        http: http_client(),
         server: start_server(db),
     });
     api.publish(&support::definition(
@@ -278,7 +278,7 @@ async fn fanout_server(width: usize) -> (Api, flowforge::WorkflowDefinition, tem
     let dir = tempfile::tempdir().expect("a temp folder");
     let db = format!("sqlite://{}", dir.path().join("fanout.db").display());
     let api = Api {
-        http: reqwest::Client::new(),
+        http: http_client(),
         server: start_server(&db),
     };
     let def = fanout(width);
@@ -378,4 +378,10 @@ async fn main() {
     if want("sse") {
         println!("{}", sse().await);
     }
+}
+
+/// An HTTP client (see `install_default_tls_provider` for why it installs one first).
+fn http_client() -> reqwest::Client {
+    flowforge_adapters_http::task::install_default_tls_provider();
+    reqwest::Client::new()
 }

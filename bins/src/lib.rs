@@ -44,6 +44,12 @@ use flowforge_ports::{Clock, Store, SystemClock, WorkerId};
 pub use flowforge_ports::{Handler, HandlerError, Observer, RunEvent, RunId, TaskContext, TaskEvent};
 use serde_json::Value;
 
+mod worker;
+pub use flowforge_adapters_http::task::{HTTP_TASK_TYPE, HttpTask, HttpTaskOptions};
+pub use flowforge_adapters_postgres::PgOptions;
+pub use flowforge_ports::handler::Pulse;
+pub use worker::{RunningWorker, Worker, WorkerBuilder, WorkerError};
+
 /// An engine over the embedded store and queue.
 pub type EmbeddedEngine = Engine<SqliteStore, InprocQueue>;
 
@@ -156,6 +162,13 @@ impl EmbeddedBuilder {
         Fut: Future<Output = Result<Value, HandlerError>> + Send + 'static,
     {
         self.registry.register_fn(task_type, f);
+        self
+    }
+
+    /// Registers every handler of `registry` (replacing any of the same
+    /// task type).
+    pub fn handlers(mut self, registry: HandlerRegistry) -> Self {
+        self.registry.extend(registry);
         self
     }
 

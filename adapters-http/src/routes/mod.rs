@@ -6,6 +6,7 @@ pub(crate) mod definitions;
 pub(crate) mod events;
 pub(crate) mod ops;
 pub(crate) mod runs;
+pub(crate) mod worker;
 
 use std::sync::OnceLock;
 
@@ -60,6 +61,9 @@ fn parts() -> (axum::Router<ApiState>, axum::Router<ApiState>, OpenApi) {
         .routes(routes!(runs::cancel))
         .routes(routes!(runs::attempts))
         .routes(routes!(ops::workers))
+        .routes(routes!(worker::claims))
+        .routes(routes!(worker::heartbeats))
+        .routes(routes!(worker::results))
         .split_for_parts();
     // Event streams live apart: the request timeout must not end them.
     let (streams, streams_doc) = OpenApiRouter::<ApiState>::new()

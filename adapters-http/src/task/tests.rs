@@ -113,11 +113,13 @@ fn ctx(config: Value) -> TaskContext {
         task_key: "call".into(),
         task_type: HTTP_TASK_TYPE.into(),
         attempt: 1,
+        token: 1,
         idempotency_key: "run-1:call".into(),
         run_input: json!({"who": "run"}),
         inputs: Map::new(),
         config: config.as_object().cloned().unwrap(),
         cancel: CancellationToken::new(),
+        pulse: Default::default(),
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use flowforge::{BuiltinOptions, HandlerRegistry};
+use flowforge::{BuiltinOptions, HTTP_TASK_TYPE, HandlerRegistry, HttpTask, HttpTaskOptions};
 use flowforge_adapters_rabbit::{RabbitConfig, RabbitPublisher, RabbitQueue};
 use flowforge_app::cache::DefinitionCache;
 use flowforge_app::process::run_registered;
@@ -47,6 +47,35 @@ impl MetricsArgs {
     }
 }
 
+/// Whether a process serves `http` tasks, and where they may go
+/// (docs/design/handlers.md#the-http-task-type).
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct HttpArgs {
+    /// Allow `http` tasks, which call URLs from this host. Off by default:
+    /// a worker calls out only where its operator allows.
+    #[arg(long, env = "FLOWFORGE_ALLOW_HTTP")]
+    pub(crate) allow_http: bool,
+    /// Only these hosts (repeat, or separate with commas). A link-local or
+    /// cloud metadata address is reachable only when named here.
+    #[arg(long = "http-allow", value_name = "HOST", value_delimiter = ',', requires = "allow_http")]
+    pub(crate) http_allow: Vec<String>,
+}
+
+impl HttpArgs {
+    /// Registers the `http` task type in `registry` when allowed.
+    pub(crate) fn register(&self, registry: &mut HandlerRegistry, output_limit: usize) -> anyhow::Result<()> {
+        if !self.allow_http {
+            return Ok(());
+        }
+        let task = HttpTask::new(HttpTaskOptions {
+            allow_hosts: (!self.http_allow.is_empty()).then(|| self.http_allow.clone()),
+            output_limit,
+        })?;
+        registry.register(HTTP_TASK_TYPE, task);
+        Ok(())
+    }
+}
+
 /// Arguments of `flowforge scheduler`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct SchedulerArgs {
@@ -71,6 +100,8 @@ pub(crate) struct WorkerArgs {
     /// default: a worker runs only what its operator allows.
     #[arg(long)]
     pub(crate) allow_command: bool,
+    #[command(flatten)]
+    pub(crate) http: HttpArgs,
     #[command(flatten)]
     pub(crate) metrics: MetricsArgs,
 }
@@ -173,6 +204,10 @@ async fn serve_worker<S: Store>(
             ..BuiltinOptions::default()
         },
     );
+    if let Err(e) = args.http.register(&mut registry, global.max_task_output_bytes) {
+        eprintln!("error: {e:#}");
+        return Ok(Exit::Invalid);
+    }
     let id = WorkerId(format!("{}:{}:{:04x}", host(), std::process::id(), fastrand::u16(..)));
     let concurrency = args.concurrency.map_or_else(
         || std::thread::available_parallelism().map_or(2, usize::from),

@@ -202,6 +202,9 @@ fn render(report: &RunReport) -> String {
         if let Some(error) = t.error.as_deref().filter(|_| t.state != "succeeded") {
             line.push_str(&format!("  {}", error.lines().next().unwrap_or("")));
         }
+        if let Some(progress) = t.progress.as_ref().filter(|_| t.state == "running") {
+            line.push_str(&format!("  progress {progress}"));
+        }
         text.push_str(line.trim_end());
         text.push('\n');
     }

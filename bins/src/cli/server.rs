@@ -9,7 +9,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flowforge::{BuiltinOptions, Embedded};
+use flowforge::{BuiltinOptions, Embedded, HandlerRegistry};
+use flowforge_app::remote::RemoteConfig;
 use flowforge_adapters_http::{ApiConfig, ApiState, AuthMode, ServiceBackend};
 use flowforge_app::{Service, TaskTypes};
 use flowforge_ports::{Scope, Store, WorkerId};
@@ -52,6 +53,9 @@ pub(crate) struct Args {
     /// SQLite: allow `command` tasks, which run programs on this host.
     #[arg(long)]
     pub(crate) allow_command: bool,
+    /// SQLite: `http` tasks (`--allow-http`, `--http-allow HOST`).
+    #[command(flatten)]
+    pub(crate) http: super::processes::HttpArgs,
     #[command(flatten)]
     pub(crate) metrics: super::processes::MetricsArgs,
 }
@@ -105,6 +109,14 @@ async fn serve<S: Store>(store: S, global: &Global, args: &Args, embedded: bool)
         if let Some(n) = args.concurrency {
             builder = builder.concurrency(n as usize);
         }
+        if args.http.allow_http {
+            let mut http = HandlerRegistry::new();
+            if let Err(e) = args.http.register(&mut http, global.max_task_output_bytes) {
+                eprintln!("error: {e:#}");
+                return Ok(Exit::Invalid);
+            }
+            builder = builder.handlers(http);
+        }
         let engine = builder.build_on(store);
         let types = TaskTypes::Registered(engine.registry().task_types().map(str::to_owned).collect());
         let serving = engine.serve(Scope::All);
@@ -116,7 +128,14 @@ async fn serve<S: Store>(store: S, global: &Global, args: &Args, embedded: bool)
             None,
         )
     };
-    let backend = Arc::new(ServiceBackend::new(service, types));
+    let remote = RemoteConfig {
+        default_lease: global.lease(),
+        limits: global.limits(),
+        // A long poll ends before the request timeout would cut it.
+        max_wait: Duration::from_secs(args.request_timeout_seconds.saturating_sub(5).clamp(1, 25)),
+        ..RemoteConfig::default()
+    };
+    let backend = Arc::new(ServiceBackend::new(service, types, remote));
     let state = ApiState::new(backend, config, Some(metrics), shutdown.clone());
     let listener = match flowforge_adapters_http::bind(args.listen).await {
         Ok(l) => l,

@@ -345,7 +345,7 @@ async fn start_driver(chromedriver: &Path, log: &Path) -> Result<(Child, u16), S
 
 /// Whether chromedriver on `port` answers `/status` with `ready: true`.
 async fn driver_ready(port: u16) -> bool {
-    let answer = reqwest::Client::new()
+    let answer = crate::http_client()
         .get(format!("http://127.0.0.1:{port}/status"))
         .timeout(Duration::from_secs(2))
         .send()

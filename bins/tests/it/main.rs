@@ -112,3 +112,11 @@ impl Files {
         self.write(name, serde_json::to_vec_pretty(value).expect("serialise"))
     }
 }
+
+/// An HTTP client for the tests. The `http` task type's TLS (rustls over
+/// ring, no process-wide provider chosen by features) leaves reqwest's
+/// default client without a crypto provider until one is installed.
+pub(crate) fn http_client() -> reqwest::Client {
+    flowforge_adapters_http::task::install_default_tls_provider();
+    reqwest::Client::new()
+}

@@ -119,7 +119,7 @@ on_both!(limits_are_enforced_with_problems, &["--max-body", "100000"], |api| {
     // Over --max-body: 413. The server closes that connection without
     // reading the rest, so the request gets a client of its own.
     let big = definition("big", 1, &[("a", "noop", &[], json!({"output": "x".repeat(200_000)}))]);
-    let response = reqwest::Client::new()
+    let response = crate::http_client()
         .post(api.url("/api/v1/definitions"))
         .bearer_auth(&api.admin)
         .json(&big)

@@ -14,6 +14,9 @@ on_both!(tokens_and_scopes, &[], |api| {
         ("GET", "/api/v1/runs", "runs:read"),
         ("POST", "/api/v1/runs", "runs:write"),
         ("GET", "/api/v1/workers", "workers:read"),
+        ("POST", "/api/v1/worker/claims", "worker"),
+        ("POST", "/api/v1/worker/heartbeats", "worker"),
+        ("POST", "/api/v1/worker/results", "worker"),
         ("GET", "/metrics", "admin"),
     ];
     let reader = api.token("reader", &["runs:read"]);
@@ -29,13 +32,13 @@ on_both!(tokens_and_scopes, &[], |api| {
         }
         .send()
     };
-    for (method, path, scope) in routes {
+    for (i, (method, path, scope)) in routes.into_iter().enumerate() {
         let none = request(method, path, None).await.expect("answers");
         assert_eq!(none.status().as_u16(), 401, "{method} {path} without a token");
         assert!(none.headers().get("www-authenticate").is_some());
         let unknown = request(method, path, Some("ff_nope")).await.expect("answers");
         assert_eq!(unknown.status().as_u16(), 401, "{method} {path} unknown token");
-        let scoped = api.token(&format!("only-{}", scope.replace(':', "-")), &[scope]);
+        let scoped = api.token(&format!("only-{}-{i}", scope.replace(':', "-")), &[scope]);
         let allowed = request(method, path, Some(&scoped)).await.expect("answers");
         assert!(
             ![401, 403].contains(&allowed.status().as_u16()),

@@ -6,7 +6,9 @@
 mod api;
 mod auth;
 mod events;
+mod python_worker;
 mod runs;
+mod worker_api;
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -96,7 +98,7 @@ impl Api {
             .expect("spawn flowforge server");
         let mut api = Self {
             base: String::new(),
-            http: reqwest::Client::new(),
+            http: crate::http_client(),
             admin: String::new(),
             server,
             args: args.iter().map(|a| (*a).to_owned()).collect(),
