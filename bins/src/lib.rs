@@ -40,8 +40,8 @@ pub use flowforge_app::{
 pub use flowforge_domain::limits::{self, Limits, Refusal};
 pub use flowforge_domain::schema::{ParseError, parse_definition};
 pub use flowforge_domain::{RunState, TaskDefinition, WorkflowDefinition};
-use flowforge_ports::{Clock, Store, SystemClock, WorkerId};
-pub use flowforge_ports::{Handler, HandlerError, Observer, RunEvent, RunId, TaskContext, TaskEvent};
+use flowforge_ports::{Clock, Store, SystemClock};
+pub use flowforge_ports::{Handler, HandlerError, Observer, RunEvent, RunId, TaskContext, TaskEvent, WorkerId};
 use serde_json::Value;
 
 mod worker;

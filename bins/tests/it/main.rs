@@ -14,6 +14,7 @@ mod browser;
 mod distributed;
 mod examples;
 mod graph;
+mod hook;
 mod poison;
 mod run;
 mod scenarios;

@@ -23,6 +23,7 @@ mod mixed;
 mod outbox;
 mod postgres;
 mod stalls;
+mod sdk;
 mod topology;
 mod worker;
 

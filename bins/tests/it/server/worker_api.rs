@@ -2,7 +2,7 @@
 //! by long poll with inputs, heartbeats with progress and cancellation,
 //! outcomes fenced by their tokens, and the `worker` scope.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{Value, json};
 
