@@ -1,7 +1,7 @@
 //! HTTP API benchmarks (issue 12): a release `flowforge server` process
 //! driven over HTTP with reqwest. Prints one JSON object per scenario;
 //! `cargo xtask bench api` runs it and writes the figures down. Usage:
-//! `cargo bench -p flowforge-bins --bench api -- [start_sqlite|start_pg|get_run|sse]...`
+//! `cargo bench -p flowforge-bins --bench api -- [start_sqlite|start_pg|get_run|sse|remote_sqlite|remote_pg]...`
 //! (all when none given). `API_BENCH_SECONDS` sets each load phase's
 //! length (default 5).
 
@@ -143,6 +143,22 @@ impl Api {
             .await
             .expect("JSON");
         started["id"].as_str().expect("id").to_owned()
+    }
+
+    /// One claim request for `bench.remote` task runs.
+    async fn claim(&self, worker: &str, max: u32, wait: f64) -> Vec<Value> {
+        let body: Value = self
+            .http
+            .post(self.url("/api/v1/worker/claims"))
+            .bearer_auth(&self.server.token)
+            .json(&json!({"worker": worker, "task_types": ["bench.remote"], "max": max, "wait_seconds": wait}))
+            .send()
+            .await
+            .expect("claim")
+            .json()
+            .await
+            .expect("JSON");
+        body["claims"].as_array().cloned().unwrap_or_default()
     }
 
     async fn get(&self, path: &str) -> Value {
@@ -359,6 +375,87 @@ async fn sse() -> Value {
 }
 
 #[tokio::main(flavor = "multi_thread")]
+/// Remote workers over the API: `clients` pollers claim up to `batch`
+/// task runs at a time and post every outcome of a batch in one request,
+/// over `runs` runs of `width` independent tasks of a type only they
+/// serve. Throughput is task runs claimed and finished per second, from
+/// the first claim to the last outcome stored.
+async fn remote(name: &str, db: &str, clients: usize, batch: u32) -> Value {
+    let width = usize::try_from(env_number("API_BENCH_REMOTE_TASKS", 2_000)).unwrap_or(2_000);
+    let api = Arc::new(Api {
+        http: http_client(),
+        server: start_server(db),
+    });
+    // A first (empty) claim registers the type, so the definition publishes.
+    api.claim("bench-0", 1, 0.0).await;
+    let tasks: Vec<Value> = (0..width)
+        .map(|i| json!({"key": format!("t{i}"), "task_type": "bench.remote"}))
+        .collect();
+    api.publish(&support::definition("remote", tasks)).await;
+    let run = api.start_run("remote").await;
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut pollers = tokio::task::JoinSet::new();
+    for c in 0..clients {
+        let (api, done) = (Arc::clone(&api), Arc::clone(&done));
+        pollers.spawn(async move {
+            let worker = format!("bench-{c}");
+            let mut requests = 0u64;
+            while done.load(std::sync::atomic::Ordering::Relaxed) < width {
+                let claims = api.claim(&worker, batch, 0.5).await;
+                requests += 1;
+                if claims.is_empty() {
+                    continue;
+                }
+                let results: Vec<Value> = claims
+                    .iter()
+                    .map(|c| json!({"task_run_id": c["task_run_id"], "run_id": c["run_id"], "token": c["token"],
+                                    "outcome": "succeeded", "output": {"ok": true}}))
+                    .collect();
+                let stored: Value = api
+                    .http
+                    .post(api.url("/api/v1/worker/results"))
+                    .bearer_auth(&api.server.token)
+                    .json(&json!({"worker": worker, "results": results}))
+                    .send()
+                    .await
+                    .expect("results")
+                    .json()
+                    .await
+                    .expect("JSON");
+                requests += 1;
+                let recorded = stored["results"]
+                    .as_array()
+                    .map_or(0, |r| r.iter().filter(|r| r["status"] == "recorded").count());
+                assert_eq!(recorded, claims.len(), "every outcome stored: {stored}");
+                done.fetch_add(recorded, std::sync::atomic::Ordering::Relaxed);
+            }
+            requests
+        });
+    }
+    let mut requests = 0;
+    while let Some(r) = pollers.join_next().await {
+        requests += r.expect("a poller");
+    }
+    let secs = started.elapsed().as_secs_f64();
+    // On SQLite the server's own scheduler ends the run; on PostgreSQL no
+    // scheduler runs here, and only claims and outcomes are measured.
+    if !db.starts_with("postgres") {
+        api.wait_run(&run).await;
+    }
+    json!({
+        "scenario": name,
+        "store": if db.starts_with("postgres") { "postgres" } else { "sqlite" },
+        "tasks": width,
+        "clients": clients,
+        "batch": batch,
+        "requests": requests,
+        "tasks_per_s": round(width as f64 / secs, 1),
+        "seconds": round(secs, 2),
+    })
+}
+
+#[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let want = |s: &str| args.is_empty() || args.iter().any(|a| a == s);
@@ -377,6 +474,16 @@ async fn main() {
     }
     if want("sse") {
         println!("{}", sse().await);
+    }
+    if want("remote_sqlite") {
+        let dir = tempfile::tempdir().expect("a temp folder");
+        let db = format!("sqlite://{}", dir.path().join("remote.db").display());
+        println!("{}", remote("remote_sqlite", &db, 4, 50).await);
+    }
+    if want("remote_pg") {
+        let server = PgServer::from_env();
+        let bench_db = BenchDb::create(&server, "remote");
+        println!("{}", remote("remote_pg", &bench_db.url(), 4, 50).await);
     }
 }
 

@@ -27,7 +27,7 @@ pub struct TaskContext {
     /// The attempt's fencing token: it grows with every claim, so a
     /// downstream system that keeps the highest token it has seen for
     /// `idempotency_key` can refuse the writes of an attempt that lost its
-    /// lease (docs/design/leases-and-fencing.md).
+    /// lease (docs/design/leases-and-fencing.md#fencing-tokens).
     pub token: i64,
     /// `{run_id}:{task_key}`: stable across attempts and redeliveries, so a
     /// handler can make its side effect idempotent.

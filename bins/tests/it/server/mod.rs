@@ -6,6 +6,7 @@
 mod api;
 mod auth;
 mod events;
+mod http_tasks;
 mod python_worker;
 mod runs;
 mod worker_api;
@@ -58,6 +59,11 @@ impl Api {
     /// A server on `on` with `extra` arguments; `None` (after a notice)
     /// when PostgreSQL or RabbitMQ is absent and not required.
     pub(crate) async fn start(on: On, test: &str, extra: &[&str]) -> Option<Self> {
+        Self::start_with(on, test, extra, &[]).await
+    }
+
+    /// [`Api::start`] with `env` set in the server's environment.
+    pub(crate) async fn start_with(on: On, test: &str, extra: &[&str], env: &[(&str, &str)]) -> Option<Self> {
         let (cluster, tmp, db_url, dir) = match on {
             On::Sqlite => {
                 let tmp = tempfile::Builder::new()
@@ -92,6 +98,7 @@ impl Api {
         }
         args.extend_from_slice(extra);
         let server = Self::command_in(cluster.as_ref().map(|(c, _)| c), &db_url, &dir, &args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(File::create(&stderr).expect("a log file"))
             .spawn()

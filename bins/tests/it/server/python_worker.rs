@@ -12,7 +12,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 
-use super::{Api, On, PATIENCE, definition, json_of};
+use super::{Api, PATIENCE, definition, json_of, on_both};
 
 /// The example, from the workspace root.
 const WORKER_PY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/python-worker/worker.py");
@@ -94,18 +94,16 @@ fn task<'a>(report: &'a Value, key: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no task {key} in {report:#}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_python_worker_is_killed_and_another_finishes_its_task() {
+// A 3 s lease (the least allowed): the reaper takes a dead worker's task
+// back within seconds. On PostgreSQL the scheduler process reaps it.
+const LEASE: &[&str] = &["--lease-seconds", "3"];
+
+on_both!(a_killed_workers_task_is_finished_by_another, LEASE, |api| {
     let python = Command::new("python3").arg("--version").output();
     assert!(
         python.as_ref().is_ok_and(|o| o.status.success()),
         "this test needs python3 on PATH to run {WORKER_PY}: {python:?}"
     );
-    // A 3 s lease (the least allowed): the reaper takes a dead worker's
-    // task back within seconds.
-    let api = Api::start(On::Sqlite, "python_worker", &["--lease-seconds", "3"])
-        .await
-        .expect("SQLite needs no service");
     let token = api.token("py", &["worker"]);
 
     // The worker scope is needed to claim.
@@ -167,6 +165,12 @@ async fn a_python_worker_is_killed_and_another_finishes_its_task() {
             .filter(|k| **k != "sq3")
             .all(|k| task(&report, k)["state"] == "succeeded");
         if others_done && task(&report, "sq3")["state"] == "running" && a.log().contains("hanging") {
+            // Reported with a heartbeat before it began to hang.
+            assert_eq!(
+                task(&report, "sq3")["progress"],
+                json!({"stage": "computing"}),
+                "{report:#}"
+            );
             break;
         }
         assert!(
@@ -253,4 +257,4 @@ async fn a_python_worker_is_killed_and_another_finishes_its_task() {
     let status = b.wait_exit(Duration::from_secs(30)).await;
     assert_eq!(status.code(), Some(0), "py-b's exit:\n{}", b.log());
     assert!(b.log().contains("sq3 (task run"), "{}", b.log());
-}
+});
