@@ -78,6 +78,31 @@ impl Backend for Stub {
     fn verify<'a>(&'a self, _: &'a str) -> Fut<'a, Verdict> {
         Box::pin(async { Ok(Verdict::Unknown) })
     }
+    fn claim<'a>(
+        &'a self,
+        _: &'a flowforge_ports::WorkerId,
+        _: &'a [String],
+        _: u32,
+        _: Option<Duration>,
+        _: Duration,
+        _: &'a tokio_util::sync::CancellationToken,
+    ) -> Fut<'a, Vec<flowforge_app::remote::RemoteClaim>> {
+        missing()
+    }
+    fn heartbeat<'a>(
+        &'a self,
+        _: &'a flowforge_ports::WorkerId,
+        _: &'a [flowforge_app::remote::Beat],
+    ) -> Fut<'a, Vec<flowforge_app::remote::BeatStatus>> {
+        missing()
+    }
+    fn finish_remote<'a>(
+        &'a self,
+        _: &'a flowforge_ports::WorkerId,
+        _: Vec<flowforge_app::remote::RemoteResult>,
+    ) -> Fut<'a, Vec<flowforge_ports::store::FinishResult>> {
+        missing()
+    }
 }
 
 fn app() -> axum::Router {
@@ -156,6 +181,9 @@ fn no_route_bypasses_the_document() {
         "/api/v1/runs/{id}/tasks/{key}/attempts",
         "/api/v1/runs/{id}/events",
         "/api/v1/workers",
+        "/api/v1/worker/claims",
+        "/api/v1/worker/heartbeats",
+        "/api/v1/worker/results",
         "/healthz",
         "/readyz",
         "/metrics",
@@ -163,7 +191,7 @@ fn no_route_bypasses_the_document() {
     ] {
         assert!(paths.contains(&expected), "{expected} missing from {paths:?}");
     }
-    assert_eq!(paths.len(), 13, "{paths:?}");
+    assert_eq!(paths.len(), 16, "{paths:?}");
     // The web UI's pages (docs/design/ui.md) are served beside the API but
     // are not API: none may shadow or be shadowed by a documented path.
     for page in crate::ui::PAGES.iter().chain([&crate::ui::ASSETS]) {
