@@ -14,8 +14,7 @@ use flowforge_app::tokens::{self, Verdict};
 use flowforge_app::{Error, RunReport, Service, TaskTypes};
 use flowforge_domain::WorkflowDefinition;
 use flowforge_ports::store::{
-    CancelOutcome, DefinitionSummary, EventView, FinishResult, Gauges, IdempotencyKey, KeyedStart, Published,
-    RunQuery,
+    CancelOutcome, DefinitionSummary, EventView, FinishResult, Gauges, IdempotencyKey, KeyedStart, Published, RunQuery,
 };
 use flowforge_ports::{RunId, RunSummary, Store, WorkerId, WorkerInfo, WorkflowId};
 use serde_json::Value;

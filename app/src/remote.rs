@@ -203,9 +203,7 @@ impl<S: Store> RemoteWork<S> {
         stop: &CancellationToken,
     ) -> Result<Vec<RemoteClaim>, Error> {
         self.register(worker, task_types, max).await?;
-        let lease = lease
-            .unwrap_or(self.config.default_lease)
-            .min(self.config.max_lease);
+        let lease = lease.unwrap_or(self.config.default_lease).min(self.config.max_lease);
         let max = max.clamp(1, self.config.max_batch);
         let until = Instant::now() + wait.min(self.config.max_wait);
         let mut pause = POLL_FIRST_PAUSE;
@@ -274,8 +272,12 @@ impl<S: Store> RemoteWork<S> {
         let published = match self.defs.get(claim.workflow_id).await {
             Ok(p) => p,
             Err(e) => {
-                self.give_up(worker, &claim, fail(format!("cannot load the run's definition: {e}"), None))
-                    .await;
+                self.give_up(
+                    worker,
+                    &claim,
+                    fail(format!("cannot load the run's definition: {e}"), None),
+                )
+                .await;
                 return None;
             }
         };
@@ -410,7 +412,9 @@ impl<S: Store> RemoteWork<S> {
     async fn time_out(&self, worker: &WorkerId, key: (TaskRunId, i64), issued: Issued) -> Result<FinishResult, Error> {
         let outcome = TaskOutcome::Failed {
             error: format!("timed out after {}s", issued.timeout.as_secs_f64()),
-            retry_in: self.retry_in(issued.workflow_id, &issued.task_key, issued.attempt, false, None).await,
+            retry_in: self
+                .retry_in(issued.workflow_id, &issued.task_key, issued.attempt, false, None)
+                .await,
         };
         let stored = self.store.finish_task_run(key.0, key.1, worker, outcome).await?;
         self.issued().remove(&key);
@@ -479,7 +483,13 @@ impl<S: Store> RemoteWork<S> {
             } => TaskOutcome::Failed {
                 error: limits::storable_text(&error).into_owned(),
                 retry_in: self
-                    .retry_in(issued.workflow_id, &issued.task_key, issued.attempt, !retryable, retry_after)
+                    .retry_in(
+                        issued.workflow_id,
+                        &issued.task_key,
+                        issued.attempt,
+                        !retryable,
+                        retry_after,
+                    )
                     .await,
             },
             RemoteOutcome::Cancelled => {

@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use flowforge_domain::TaskRunState;
 use flowforge_domain::limits::{self, Limits, ValueKind};
+use flowforge_ports::handler::Pulse;
 use flowforge_ports::store::{Claim, FinishResult, LeaseStatus, TaskOutcome};
 use flowforge_ports::{
     Delivery, Dispatch, DispatchConsumer, DispatchQueue, HandlerError, RunId, Store, TaskContext, TaskEvent, WorkerId,
     queue, store,
 };
-use flowforge_ports::handler::Pulse;
 use serde_json::Value;
 use tokio::task::JoinSet;
 use tokio::time::Instant;

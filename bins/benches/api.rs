@@ -374,10 +374,9 @@ async fn sse() -> Value {
     })
 }
 
-#[tokio::main(flavor = "multi_thread")]
 /// Remote workers over the API: `clients` pollers claim up to `batch`
 /// task runs at a time and post every outcome of a batch in one request,
-/// over `runs` runs of `width` independent tasks of a type only they
+/// over one run of `width` independent tasks of a type only they
 /// serve. Throughput is task runs claimed and finished per second, from
 /// the first claim to the last outcome stored.
 async fn remote(name: &str, db: &str, clients: usize, batch: u32) -> Value {
@@ -409,8 +408,10 @@ async fn remote(name: &str, db: &str, clients: usize, batch: u32) -> Value {
                 }
                 let results: Vec<Value> = claims
                     .iter()
-                    .map(|c| json!({"task_run_id": c["task_run_id"], "run_id": c["run_id"], "token": c["token"],
-                                    "outcome": "succeeded", "output": {"ok": true}}))
+                    .map(|c| {
+                        json!({"task_run_id": c["task_run_id"], "run_id": c["run_id"], "token": c["token"],
+                                    "outcome": "succeeded", "output": {"ok": true}})
+                    })
                     .collect();
                 let stored: Value = api
                     .http
@@ -455,7 +456,7 @@ async fn remote(name: &str, db: &str, clients: usize, batch: u32) -> Value {
     })
 }
 
-#[tokio::main]
+#[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let want = |s: &str| args.is_empty() || args.iter().any(|a| a == s);

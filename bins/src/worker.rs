@@ -185,7 +185,9 @@ impl WorkerBuilder {
     /// broker settings; the broker is connected by [`RunningWorker::run_until`],
     /// which reconnects as needed.
     pub async fn build(self) -> Result<RunningWorker, WorkerError> {
-        let database = self.database.ok_or(WorkerError::Missing("a database URL (.database)"))?;
+        let database = self
+            .database
+            .ok_or(WorkerError::Missing("a database URL (.database)"))?;
         let broker = self.broker.ok_or(WorkerError::Missing("a broker URL (.broker)"))?;
         let mut rabbit = RabbitConfig::new(broker);
         if let Some(queue) = self.queue {

@@ -252,7 +252,9 @@ pub(crate) async fn claims(State(state): State<ApiState>, headers: HeaderMap, ra
     let request: ClaimRequest = body::json(&headers, &raw)?;
     let worker = worker_id(&request.worker)?;
     if request.task_types.is_empty() || request.task_types.iter().any(|t| t.trim().is_empty()) {
-        return Err(invalid("$.task_types must name at least one task type, none blank".to_owned()));
+        return Err(invalid(
+            "$.task_types must name at least one task type, none blank".to_owned(),
+        ));
     }
     let max = request.max.unwrap_or(1);
     if !(1..=100).contains(&max) {
@@ -324,9 +326,15 @@ fn remote_result(index: usize, item: ResultItem) -> Result<RemoteResult, Problem
     let outcome = match item.outcome.as_str() {
         "succeeded" => RemoteOutcome::Succeeded(item.output.unwrap_or(Value::Null)),
         "failed" => RemoteOutcome::Failed {
-            error: item.error.unwrap_or_else(|| "the remote worker reported a failure".to_owned()),
+            error: item
+                .error
+                .unwrap_or_else(|| "the remote worker reported a failure".to_owned()),
             retryable: item.retryable.unwrap_or(true),
-            retry_after: seconds(item.retry_after_seconds, &format!("{at}.retry_after_seconds"), 0.0..=86_400.0)?,
+            retry_after: seconds(
+                item.retry_after_seconds,
+                &format!("{at}.retry_after_seconds"),
+                0.0..=86_400.0,
+            )?,
         },
         "cancelled" => RemoteOutcome::Cancelled,
         other => {
@@ -357,7 +365,11 @@ fn remote_result(index: usize, item: ResultItem) -> Result<RemoteResult, Problem
     ),
     security(("bearer" = ["worker"]))
 )]
-pub(crate) async fn results(State(state): State<ApiState>, headers: HeaderMap, raw: Bytes) -> Result<Response, Problem> {
+pub(crate) async fn results(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Result<Response, Problem> {
     require(&state, &headers, ApiScope::Worker).await?;
     let request: ResultsRequest = body::json(&headers, &raw)?;
     let worker = worker_id(&request.worker)?;

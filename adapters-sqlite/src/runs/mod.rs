@@ -110,7 +110,11 @@ impl TaskRunRow {
             finished_at: opt_time("task_run.finished_at", self.finished_at)?,
             retry_at: opt_time("task_run.retry_at", self.retry_at)?,
             lease_owner: self.lease_owner,
-            progress: self.progress.as_deref().map(|p| json("task_run.progress", p)).transpose()?,
+            progress: self
+                .progress
+                .as_deref()
+                .map(|p| json("task_run.progress", p))
+                .transpose()?,
             created_at: time("task_run.created_at", self.created_at)?,
         })
     }

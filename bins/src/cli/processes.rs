@@ -57,7 +57,12 @@ pub(crate) struct HttpArgs {
     pub(crate) allow_http: bool,
     /// Only these hosts (repeat, or separate with commas). A link-local or
     /// cloud metadata address is reachable only when named here.
-    #[arg(long = "http-allow", value_name = "HOST", value_delimiter = ',', requires = "allow_http")]
+    #[arg(
+        long = "http-allow",
+        value_name = "HOST",
+        value_delimiter = ',',
+        requires = "allow_http"
+    )]
     pub(crate) http_allow: Vec<String>,
 }
 

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowforge::{BuiltinOptions, Embedded, HandlerRegistry};
-use flowforge_app::remote::RemoteConfig;
 use flowforge_adapters_http::{ApiConfig, ApiState, AuthMode, ServiceBackend};
+use flowforge_app::remote::RemoteConfig;
 use flowforge_app::{Service, TaskTypes};
 use flowforge_ports::{Scope, Store, WorkerId};
 use tokio_util::sync::CancellationToken;

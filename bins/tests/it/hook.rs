@@ -34,8 +34,12 @@ impl Hook {
         let task = tokio::spawn(async move {
             let mut served = 0usize;
             loop {
-                let Ok((mut socket, _)) = listener.accept().await else { return };
-                let Some(request) = read_request(&mut socket).await else { continue };
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    return;
+                };
+                let Some(request) = read_request(&mut socket).await else {
+                    continue;
+                };
                 let (status, body) = script[served.min(script.len() - 1)];
                 served += 1;
                 log.lock().expect("the log").push(request);
@@ -80,7 +84,8 @@ async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<Received> {
         .lines()
         .find_map(|l| {
             let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("content-length").then(|| value.trim().parse::<usize>().ok())?
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<usize>().ok())?
         })
         .unwrap_or(0);
     while buf.len() < head_end + length {

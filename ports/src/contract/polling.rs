@@ -26,10 +26,18 @@ pub async fn claim_ready_takes_ready_rows_of_the_asked_types<F: StoreFactory>(fa
     let run = start(&s, diamond()).await;
     let (a, b) = (view(&s, run, "a").await, view(&s, run, "b").await);
     let w = worker("poller");
-    assert!(s.claim_ready(&types(&["noop"]), &w, LONG, 0).await.expect("poll").is_empty());
+    assert!(
+        s.claim_ready(&types(&["noop"]), &w, LONG, 0)
+            .await
+            .expect("poll")
+            .is_empty()
+    );
     assert!(s.claim_ready(&[], &w, LONG, 10).await.expect("poll").is_empty());
     assert!(
-        s.claim_ready(&types(&["undo", "nothing"]), &w, LONG, 10).await.expect("poll").is_empty(),
+        s.claim_ready(&types(&["undo", "nothing"]), &w, LONG, 10)
+            .await
+            .expect("poll")
+            .is_empty(),
         "pending tasks and unmaterialised compensators are not ready"
     );
     assert!(s.dispatch_is_current(b.id, b.token).await.expect("current"));
@@ -47,15 +55,26 @@ pub async fn claim_ready_takes_ready_rows_of_the_asked_types<F: StoreFactory>(fa
 
     assert!(!s.dispatch_is_current(b.id, b.token).await.expect("current"));
     assert!(
-        s.claim_task_run(b.id, b.token, &worker("consumer"), LONG).await.expect("claim").is_none(),
+        s.claim_task_run(b.id, b.token, &worker("consumer"), LONG)
+            .await
+            .expect("claim")
+            .is_none(),
         "the dispatch of a polled row claims nothing"
     );
     assert!(s.dispatch_is_current(a.id, a.token).await.expect("current"));
     assert!(!s.dispatch_is_current(TaskRunId(i64::MAX), 0).await.expect("current"));
 
-    let got = s.claim_ready(&types(&["noop", "echo"]), &w, LONG, 1).await.expect("poll");
+    let got = s
+        .claim_ready(&types(&["noop", "echo"]), &w, LONG, 1)
+        .await
+        .expect("poll");
     assert_eq!(got.iter().map(|c| c.task_key.as_str()).collect::<Vec<_>>(), ["a"]);
-    assert!(s.claim_ready(&types(&["noop", "echo"]), &w, LONG, 10).await.expect("poll").is_empty());
+    assert!(
+        s.claim_ready(&types(&["noop", "echo"]), &w, LONG, 10)
+            .await
+            .expect("poll")
+            .is_empty()
+    );
 }
 
 /// A cancel request stops polled claims of forward tasks as it stops
@@ -64,7 +83,10 @@ pub async fn claim_ready_skips_forward_tasks_of_cancel_requested_runs<F: StoreFa
     let (s, _) = fresh(factory).await;
     let run = start(&s, diamond()).await;
     s.request_cancel(run).await.expect("cancel").expect("the run exists");
-    let got = s.claim_ready(&types(&["noop", "echo"]), &worker("w"), LONG, 10).await.expect("poll");
+    let got = s
+        .claim_ready(&types(&["noop", "echo"]), &worker("w"), LONG, 10)
+        .await
+        .expect("poll");
     assert!(got.is_empty(), "no forward task of a cancel-requested run is claimed");
 }
 
@@ -113,7 +135,10 @@ pub async fn pollers_and_consumers_claim_each_row_once<F: StoreFactory>(factory:
         assert!(transitions(&history).iter().filter(|t| **t == "claim").count() <= 1);
     }
     // Whatever the race left ready is claimed by the next poll.
-    let rest = s.claim_ready(&types(&["flaky"]), &worker("late"), LONG, 100).await.expect("poll");
+    let rest = s
+        .claim_ready(&types(&["flaky"]), &worker("late"), LONG, 100)
+        .await
+        .expect("poll");
     assert_eq!(won.len() + rest.len(), RUNS, "every row claimed once in the end");
 }
 
@@ -126,10 +151,20 @@ pub async fn progress_is_fenced_and_cleared_by_the_next_claim<F: StoreFactory>(f
     let c = claim(&s, run, "t", "w", Duration::from_secs(10)).await;
     assert_eq!(view(&s, run, "t").await.progress, None);
     let status = s
-        .report_progress(c.task_run_id, c.token, &json!({"done": 3, "of": 10}), Duration::from_secs(10))
+        .report_progress(
+            c.task_run_id,
+            c.token,
+            &json!({"done": 3, "of": 10}),
+            Duration::from_secs(10),
+        )
         .await
         .expect("report_progress");
-    assert_eq!(status, LeaseStatus::Held { cancel_requested: false });
+    assert_eq!(
+        status,
+        LeaseStatus::Held {
+            cancel_requested: false
+        }
+    );
     assert_eq!(view(&s, run, "t").await.progress, Some(json!({"done": 3, "of": 10})));
     match s.report_progress(c.task_run_id, c.token, &json!("a\u{0}b"), LONG).await {
         Err(Error::Refused(_)) => {}
@@ -155,5 +190,9 @@ pub async fn progress_is_fenced_and_cleared_by_the_next_claim<F: StoreFactory>(f
     assert_eq!(view(&s, run, "t").await.progress, Some(json!({"done": 3, "of": 10})));
     let again = claim(&s, run, "t", "w2", LONG).await;
     assert_eq!(again.attempt, 2);
-    assert_eq!(view(&s, run, "t").await.progress, None, "the next claim starts with none");
+    assert_eq!(
+        view(&s, run, "t").await.progress,
+        None,
+        "the next claim starts with none"
+    );
 }

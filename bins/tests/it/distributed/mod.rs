@@ -22,8 +22,8 @@ mod failures;
 mod mixed;
 mod outbox;
 mod postgres;
-mod stalls;
 mod sdk;
+mod stalls;
 mod topology;
 mod worker;
 

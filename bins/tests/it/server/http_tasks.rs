@@ -60,7 +60,11 @@ async fn http_tasks_call_out_retry_and_keep_their_secrets() {
     let key = format!("idempotency-key: {run}:post");
     for r in &received {
         let head = r.head.to_ascii_lowercase();
-        assert!(head.contains(&format!("authorization: {SECRET}")), "the secret is sent: {}", r.head);
+        assert!(
+            head.contains(&format!("authorization: {SECRET}")),
+            "the secret is sent: {}",
+            r.head
+        );
         assert!(head.contains(&key), "the same key on every attempt: {}", r.head);
         let body: Value = serde_json::from_str(&r.body).expect("JSON");
         assert_eq!(body, json!({"seed": {"order": 42}}));
@@ -68,7 +72,9 @@ async fn http_tasks_call_out_retry_and_keep_their_secrets() {
 
     // The secret is the worker's: not in the definition, the run, the
     // store's files or the logs.
-    let attempts = api.get_json(&format!("/api/v1/runs/{run}/tasks/post/attempts"), 200).await;
+    let attempts = api
+        .get_json(&format!("/api/v1/runs/{run}/tasks/post/attempts"), 200)
+        .await;
     let definition = api.get_json("/api/v1/definitions/calls/versions/1", 200).await;
     for (what, text) in [
         ("the report", report.to_string()),
@@ -102,7 +108,9 @@ async fn http_tasks_call_out_retry_and_keep_their_secrets() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_tasks_need_allow_http() {
-    let api = Api::start(On::Sqlite, "http_off", &[]).await.expect("SQLite needs no service");
+    let api = Api::start(On::Sqlite, "http_off", &[])
+        .await
+        .expect("SQLite needs no service");
     let response = api
         .post(
             "/api/v1/definitions",

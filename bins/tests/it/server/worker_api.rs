@@ -18,7 +18,10 @@ async fn claim(api: &Api, worker: &str, types: &[&str], max: u32, wait: f64) -> 
         .send()
         .await
         .expect("answers");
-    json_of(response, 200).await["claims"].as_array().expect("claims").clone()
+    json_of(response, 200).await["claims"]
+        .as_array()
+        .expect("claims")
+        .clone()
 }
 
 /// Claims until `n` task runs are held (each poll waits for work).
@@ -26,7 +29,12 @@ async fn claim_n(api: &Api, worker: &str, types: &[&str], n: usize) -> Vec<Value
     let deadline = Instant::now() + PATIENCE;
     let mut held = Vec::new();
     while held.len() < n {
-        assert!(Instant::now() < deadline, "only {} of {n} claimed:\n{}", held.len(), api.logs());
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} claimed:\n{}",
+            held.len(),
+            api.logs()
+        );
         let want = u32::try_from(n - held.len()).expect("small");
         held.extend(claim(api, worker, types, want, 2.0).await);
     }
@@ -42,7 +50,10 @@ async fn results(api: &Api, worker: &str, items: Value) -> reqwest::Response {
 
 async fn heartbeat(api: &Api, worker: &str, leases: Value) -> Vec<String> {
     let response = api
-        .post("/api/v1/worker/heartbeats", &json!({"worker": worker, "leases": leases}))
+        .post(
+            "/api/v1/worker/heartbeats",
+            &json!({"worker": worker, "leases": leases}),
+        )
         .send()
         .await
         .expect("answers");
@@ -78,8 +89,14 @@ on_both!(a_remote_worker_claims_heartbeats_and_finishes, &[], |api| {
     // it publishes (422 unknown_task_type otherwise).
     let workers = api.get_json("/api/v1/workers", 200).await;
     assert!(
-        workers["items"].as_array().expect("items").iter().any(|w| w["id"] == "remote-1"
-            && w["task_types"].as_array().is_some_and(|t| t.contains(&json!("ext.resize")))),
+        workers["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .any(|w| w["id"] == "remote-1"
+                && w["task_types"]
+                    .as_array()
+                    .is_some_and(|t| t.contains(&json!("ext.resize")))),
         "{workers:#}"
     );
     api.publish(&definition(
@@ -115,29 +132,53 @@ on_both!(a_remote_worker_claims_heartbeats_and_finishes, &[], |api| {
     let wrong = json!([{"task_run_id": c["task_run_id"], "token": c["token"].as_i64().expect("token") - 1}]);
     assert_eq!(heartbeat(&api, "remote-1", wrong).await, ["lost"]);
 
-    let response = results(&api, "remote-1", json!([result_of(c, json!({"outcome": "succeeded", "output": {"url": "s3://x"}}))])).await;
+    let response = results(
+        &api,
+        "remote-1",
+        json!([result_of(
+            c,
+            json!({"outcome": "succeeded", "output": {"url": "s3://x"}})
+        )]),
+    )
+    .await;
     let body = json_of(response, 200).await;
     assert_eq!(body["results"][0]["status"], "recorded");
     assert_eq!(body["results"][0]["state"], "succeeded");
     // Again, with the same (now spent) token: discarded, 409.
-    let response = results(&api, "remote-1", json!([result_of(c, json!({"outcome": "succeeded", "output": {}}))])).await;
+    let response = results(
+        &api,
+        "remote-1",
+        json!([result_of(c, json!({"outcome": "succeeded", "output": {}}))]),
+    )
+    .await;
     let problem = json_of(response, 409).await;
     assert_eq!(problem["code"], "stale_token");
     let report = api.wait_run(&run).await;
     assert_eq!(report["state"], "succeeded", "{report:#}");
     assert_eq!(task(&report, "resize")["output"], json!({"url": "s3://x"}));
-    assert_eq!(task(&report, "after")["output"]["inputs"], json!({"resize": {"url": "s3://x"}}));
-    let attempts = api.get_json(&format!("/api/v1/runs/{run}/tasks/resize/attempts"), 200).await;
+    assert_eq!(
+        task(&report, "after")["output"]["inputs"],
+        json!({"resize": {"url": "s3://x"}})
+    );
+    let attempts = api
+        .get_json(&format!("/api/v1/runs/{run}/tasks/resize/attempts"), 200)
+        .await;
     assert_eq!(attempts["items"][0]["worker"], "remote-1", "{attempts:#}");
     let events = report["events"].as_array().expect("events");
     assert!(
-        events.iter().any(|e| e["transition"] == "stale_write_rejected" && e["task"] == "resize"),
+        events
+            .iter()
+            .any(|e| e["transition"] == "stale_write_rejected" && e["task"] == "resize"),
         "the stale outcome is audited"
     );
 });
 
 on_both!(remote_failures_retry_fail_and_cancel, &[], |api| {
-    assert!(claim(&api, "remote-2", &["ext.flaky", "ext.slow"], 1, 0.0).await.is_empty());
+    assert!(
+        claim(&api, "remote-2", &["ext.flaky", "ext.slow"], 1, 0.0)
+            .await
+            .is_empty()
+    );
     api.publish(&json!({"name": "flaky", "version": 1, "tasks": [
         {"key": "f", "task_type": "ext.flaky", "retry": {"max_attempts": 3, "delay_seconds": 0.1}}
     ]}))
@@ -180,7 +221,10 @@ on_both!(remote_failures_retry_fail_and_cancel, &[], |api| {
     let first = fail_at(1).expect("the first failure");
     let gap = chrono::DateTime::parse_from_rfc3339(retried).expect("time")
         - chrono::DateTime::parse_from_rfc3339(&first).expect("time");
-    assert!(gap >= chrono::TimeDelta::milliseconds(990), "Retry-After honoured: {gap}");
+    assert!(
+        gap >= chrono::TimeDelta::milliseconds(990),
+        "Retry-After honoured: {gap}"
+    );
 
     // A cancel reaches the remote worker through its heartbeat.
     let run = api.start_run("slow", json!({})).await;
@@ -194,7 +238,12 @@ on_both!(remote_failures_retry_fail_and_cancel, &[], |api| {
     let lease = json!([{"task_run_id": c["task_run_id"], "token": c["token"]}]);
     assert_eq!(heartbeat(&api, "remote-2", lease).await, ["cancel_requested"]);
     let body = json_of(
-        results(&api, "remote-2", json!([result_of(&c, json!({"outcome": "cancelled"}))])).await,
+        results(
+            &api,
+            "remote-2",
+            json!([result_of(&c, json!({"outcome": "cancelled"}))]),
+        )
+        .await,
         200,
     )
     .await;
@@ -207,7 +256,11 @@ on_both!(the_worker_api_needs_the_worker_scope_and_valid_requests, &[], |api| {
     let reader = api.token("reader", &["runs:read"]);
     let worker = api.token("worker", &["worker"]);
     let body = json!({"worker": "w", "task_types": ["x"]});
-    for path in ["/api/v1/worker/claims", "/api/v1/worker/heartbeats", "/api/v1/worker/results"] {
+    for path in [
+        "/api/v1/worker/claims",
+        "/api/v1/worker/heartbeats",
+        "/api/v1/worker/results",
+    ] {
         let response = api
             .http
             .post(api.url(path))
@@ -225,18 +278,31 @@ on_both!(the_worker_api_needs_the_worker_scope_and_valid_requests, &[], |api| {
             .json(&body)
             .send()
     };
-    let ok = send(json!({"worker": "w", "task_types": ["x"], "wait_seconds": 0})).await.expect("answers");
+    let ok = send(json!({"worker": "w", "task_types": ["x"], "wait_seconds": 0}))
+        .await
+        .expect("answers");
     assert_eq!(json_of(ok, 200).await, json!({"claims": []}));
     for (bad, needle) in [
         (json!({"worker": "", "task_types": ["x"]}), "$.worker"),
         (json!({"worker": "w", "task_types": []}), "$.task_types"),
         (json!({"worker": "w", "task_types": ["x"], "max": 0}), "$.max"),
-        (json!({"worker": "w", "task_types": ["x"], "wait_seconds": 99}), "$.wait_seconds"),
-        (json!({"worker": "w", "task_types": ["x"], "lease_seconds": 0}), "$.lease_seconds"),
+        (
+            json!({"worker": "w", "task_types": ["x"], "wait_seconds": 99}),
+            "$.wait_seconds",
+        ),
+        (
+            json!({"worker": "w", "task_types": ["x"], "lease_seconds": 0}),
+            "$.lease_seconds",
+        ),
     ] {
         let problem = json_of(send(bad.clone()).await.expect("answers"), 422).await;
-        assert!(problem["detail"].as_str().is_some_and(|d| d.contains(needle)), "{bad}: {problem:#}");
+        assert!(
+            problem["detail"].as_str().is_some_and(|d| d.contains(needle)),
+            "{bad}: {problem:#}"
+        );
     }
-    let unknown = send(json!({"worker": "w", "task_types": ["x"], "maximum": 3})).await.expect("answers");
+    let unknown = send(json!({"worker": "w", "task_types": ["x"], "maximum": 3}))
+        .await
+        .expect("answers");
     assert_eq!(unknown.status().as_u16(), 422, "unknown fields are refused");
 });
