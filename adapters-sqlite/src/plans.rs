@@ -30,7 +30,7 @@ async fn hot_statements_use_their_indexes() {
     let store = SqliteStore::connect("sqlite::memory:", Arc::new(SystemClock))
         .await
         .expect("connect");
-    let cases: [(&str, &'static str, &[&str]); 14] = [
+    let cases: [(&str, &'static str, &[&str]); 15] = [
         ("claim", crate::runs::sql::CLAIM, &["INTEGER PRIMARY KEY"]),
         (
             "reaper",
@@ -83,11 +83,12 @@ async fn hot_statements_use_their_indexes() {
             crate::runs::sql::LIST_RUNS_PAGE,
             &["SEARCH r USING INDEX workflowrun_created_id_idx ((created_at,id)<(?,?))"],
         ),
+        ("claim_ready", crate::runs::sql::READY_OF_TYPES, &["taskrun_ready_idx"]),
         (
             "gauges",
             crate::runs::sql::GAUGES,
             &[
-                "taskrun_active_idx",
+                "taskrun_ready_idx",
                 "taskrun_lease_expiry_idx",
                 "outbox_unpublished_idx",
                 "workflowrun_active_idx",
@@ -128,8 +129,9 @@ async fn every_call_prepares_and_scans_no_growing_table() {
 
 /// Partial indexes hold only live rows (flagged, retrying, running, active,
 /// unpublished): walking one costs active work, not history.
-const LIVE_INDEXES: [&str; 7] = [
+const LIVE_INDEXES: [&str; 8] = [
     "taskrun_needs_pass_idx",
+    "taskrun_ready_idx",
     "taskrun_retry_due_idx",
     "taskrun_lease_expiry_idx",
     "taskrun_active_idx",

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flowforge_domain::limits::{self, Limits, ValueKind};
-use flowforge_ports::store::{Claim, FinishResult, LeaseStatus, TaskOutcome, WorkerRegistration};
+use flowforge_ports::store::{Claim, FinishResult, LeaseStatus, TaskInputs, TaskOutcome, WorkerRegistration};
 use flowforge_ports::{RunId, Store, TaskRunId, WorkerId, WorkflowId};
 use futures_util::StreamExt;
 use serde_json::{Map, Value};
@@ -203,6 +203,7 @@ impl<S: Store> RemoteWork<S> {
         stop: &CancellationToken,
     ) -> Result<Vec<RemoteClaim>, Error> {
         self.register(worker, task_types, max).await?;
+        self.forget_abandoned();
         let lease = lease.unwrap_or(self.config.default_lease).min(self.config.max_lease);
         let max = max.clamp(1, self.config.max_batch);
         let until = Instant::now() + wait.min(self.config.max_wait);
@@ -211,8 +212,9 @@ impl<S: Store> RemoteWork<S> {
             let claims = self.store.claim_ready(task_types, worker, lease, max).await?;
             if !claims.is_empty() {
                 let mut prepared = Vec::with_capacity(claims.len());
+                let mut read = HashMap::new();
                 for claim in claims {
-                    if let Some(c) = self.prepare(worker, claim, lease).await {
+                    if let Some(c) = self.prepare(worker, claim, lease, &mut read).await {
                         prepared.push(c);
                     }
                 }
@@ -230,6 +232,14 @@ impl<S: Store> RemoteWork<S> {
             }
             pause = (pause * 2).min(POLL_MAX_PAUSE);
         }
+    }
+
+    /// Forgets the claims of workers that went silent: a lease past the
+    /// attempt's deadline with no heartbeat has expired, and the reaper
+    /// owns the task run now.
+    fn forget_abandoned(&self) {
+        let now = Instant::now();
+        self.issued().retain(|_, i| now < later(i.deadline, i.lease));
     }
 
     /// Registers `worker` as serving `task_types`, at most once a
@@ -267,7 +277,13 @@ impl<S: Store> RemoteWork<S> {
     /// Gathers what the claimed attempt needs. An attempt that cannot be
     /// prepared is failed here (for good when no attempt could do better)
     /// and not handed out.
-    async fn prepare(&self, worker: &WorkerId, claim: Claim, lease: Duration) -> Option<RemoteClaim> {
+    async fn prepare(
+        &self,
+        worker: &WorkerId,
+        claim: Claim,
+        lease: Duration,
+        read: &mut HashMap<(RunId, Vec<String>), TaskInputs>,
+    ) -> Option<RemoteClaim> {
         let fail = |error: String, retry_in: Option<Duration>| TaskOutcome::Failed { error, retry_in };
         let published = match self.defs.get(claim.workflow_id).await {
             Ok(p) => p,
@@ -291,12 +307,22 @@ impl<S: Store> RemoteWork<S> {
             Some(forward) => vec![forward.clone()],
             None => task.depends_on().to_vec(),
         };
-        let inputs = match self
-            .store
-            .task_inputs(claim.run_id, &keys, self.config.limits.task_inputs_bytes)
-            .await
-        {
-            Ok(i) => i,
+        // The tasks of one batch often share a run and dependencies (a
+        // fan-out's branches): their inputs are read once per batch.
+        let memo = (claim.run_id, keys);
+        let inputs = match read.get(&memo) {
+            Some(inputs) => Ok(inputs.clone()),
+            None => {
+                self.store
+                    .task_inputs(claim.run_id, &memo.1, self.config.limits.task_inputs_bytes)
+                    .await
+            }
+        };
+        let inputs = match inputs {
+            Ok(i) => {
+                read.insert(memo, i.clone());
+                i
+            }
             Err(flowforge_ports::store::Error::Refused(refusal)) => {
                 self.give_up(worker, &claim, fail(refusal.to_string(), None)).await;
                 return None;
@@ -312,7 +338,11 @@ impl<S: Store> RemoteWork<S> {
         // In store time, as the lease is: the claim stamped it at
         // `lease_expires_at - lease`.
         let delta = |d: Duration| chrono::TimeDelta::from_std(d).unwrap_or(chrono::TimeDelta::MAX);
-        let deadline = claim.lease_expires_at - delta(lease) + delta(timeout);
+        let deadline = claim
+            .lease_expires_at
+            .checked_sub_signed(delta(lease))
+            .and_then(|claimed| claimed.checked_add_signed(delta(timeout)))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC);
         self.issued().insert(
             (claim.task_run_id, claim.token),
             Issued {
@@ -321,7 +351,7 @@ impl<S: Store> RemoteWork<S> {
                 attempt: claim.attempt,
                 lease,
                 timeout,
-                deadline: Instant::now() + timeout,
+                deadline: later(Instant::now(), timeout),
             },
         );
         Some(RemoteClaim {
@@ -399,9 +429,14 @@ impl<S: Store> RemoteWork<S> {
     /// the registry of live workers.
     async fn touch(&self, worker: &WorkerId) {
         let due = {
-            let seen = self.registered.lock().unwrap_or_else(PoisonError::into_inner);
-            seen.get(worker)
-                .is_none_or(|at| at.elapsed() >= self.config.default_lease / 3)
+            let mut seen = self.registered.lock().unwrap_or_else(PoisonError::into_inner);
+            let due = seen
+                .get(worker)
+                .is_none_or(|at| at.elapsed() >= self.config.default_lease / 3);
+            if due {
+                seen.insert(worker.clone(), Instant::now());
+            }
+            due
         };
         if due && let Err(e) = self.store.touch_worker(worker).await {
             tracing::warn!(error = %e, worker = %worker, "could not refresh a remote worker's registration");
@@ -530,7 +565,14 @@ impl<S: Store> RemoteWork<S> {
             attempt: task.attempt,
             lease: self.config.default_lease,
             timeout: Duration::MAX,
-            deadline: Instant::now() + Duration::from_secs(365 * 24 * 3600),
+            deadline: later(Instant::now(), Duration::MAX),
         }))
     }
+}
+
+/// `at + by`, or as late as this platform's clock can say.
+fn later(at: Instant, by: Duration) -> Instant {
+    at.checked_add(by)
+        .or_else(|| at.checked_add(Duration::from_secs(100 * 365 * 24 * 3600)))
+        .unwrap_or(at)
 }

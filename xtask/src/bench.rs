@@ -142,6 +142,18 @@ const TARGETS: &[Target] = &[
         50.0,
         "SSE of a 10 000-task fan-out: server RSS growth ≤ 50 MiB",
     ),
+    at_least(
+        "remote_sqlite",
+        "tasks_per_s",
+        1_000.0,
+        "remote workers over the API on SQLite (max 50): ≥ 1 000 tasks/s",
+    ),
+    at_least(
+        "remote_pg",
+        "tasks_per_s",
+        1_000.0,
+        "remote workers over the API on PostgreSQL (max 50): ≥ 1 000 tasks/s",
+    ),
 ];
 
 /// `cargo xtask bench`.

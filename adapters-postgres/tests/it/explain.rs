@@ -186,12 +186,22 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
         assert_uses("list_runs_page", &p, &[&["workflowrun_created_id_idx"]]);
     }
 
+    let p = plan(&pool, queries::CLAIM_READY, |q| {
+        q.bind(zero)
+            .bind(vec!["noop".to_owned()])
+            .bind("w")
+            .bind(zero)
+            .bind(10_i64)
+    })
+    .await;
+    assert_uses("claim_ready", &p, &[&["taskrun_ready_idx"]]);
+
     let p = plan(&pool, queries::GAUGES, |q| q).await;
     assert_uses(
         "gauges",
         &p,
         &[
-            &["taskrun_active_idx"],
+            &["taskrun_ready_idx", "taskrun_active_idx"],
             &["taskrun_lease_expiry_idx"],
             &["outbox_unpublished_idx"],
             &["workflowrun_active_idx"],

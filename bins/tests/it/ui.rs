@@ -262,21 +262,21 @@ async fn a_sleeping_run_is_cancelled_from_the_page_and_a_reload_shows_the_same()
 
 #[tokio::test]
 async fn the_page_catches_up_after_the_server_restarts() {
-    let Some((mut api, browser)) = setup("ui-restart", &["--lease-seconds", "3"]).await else {
+    let Some((mut api, browser)) = setup("ui-restart", &["--lease-seconds", "3", "--allow-command"]).await else {
         return;
     };
-    api.publish(&definition(
-        "two-naps",
-        1,
-        &[
-            ("first", "sleep", &[], sleep(2.0)),
-            ("second", "sleep", &["first"], sleep(2.0)),
-        ],
-    ))
+    // The first task runs until the test lets it go, so the run is still
+    // live when the page opens however long opening takes.
+    api.publish(&json!({"name": "two-naps", "version": 1, "tasks": [
+        {"key": "first", "task_type": "command", "timeout_seconds": 300,
+         "config": {"argv": ["sh", "-c", "while [ ! -e go ]; do sleep 0.05; done; echo '{}'"]}},
+        {"key": "second", "task_type": "sleep", "depends_on": ["first"], "config": sleep(2.0)}
+    ]}))
     .await;
     let id = api.start_run("two-naps", json!({})).await;
     open(&api, &browser, &format!("/runs/{id}")).await;
     browser.wait_for("#live[data-live=\"open\"]").await;
+    std::fs::write(api.dir().join("go"), b"").expect("release the first task");
     record_states(&browser).await;
     browser
         .js(

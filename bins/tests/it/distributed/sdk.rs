@@ -170,3 +170,52 @@ async fn one_set_of_handlers_runs_embedded_and_distributed() {
         assert_eq!(body, json!({"shout": {"loud": "HELLO, ADA"}}));
     }
 }
+
+/// `flowforge worker --allow-http --http-allow HOST` serves `http` tasks to
+/// the allowed host only; a worker without `--allow-http` serves none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_serves_http_tasks_to_allowed_hosts_only() {
+    let Some(mut cluster) = Cluster::migrated("http_worker").await else {
+        return;
+    };
+    cluster.spawn("scheduler", ["scheduler"]);
+    cluster.spawn("publisher", ["publisher"]);
+    cluster.spawn(
+        "worker",
+        [
+            "worker",
+            "--concurrency",
+            "2",
+            "--allow-http",
+            "--http-allow",
+            "127.0.0.1",
+        ],
+    );
+    let store = cluster.db.store().await;
+    super::served(&store, HTTP_TASK_TYPE).await;
+    let hook = Hook::start(vec![(201, r#"{"id": 9}"#)]).await;
+    let file = cluster.json(
+        "calls.json",
+        &json!({"name": "calls", "version": 1, "tasks": [
+            {"key": "ok", "task_type": "http", "config": {"method": "PUT", "url": format!("{}/x", hook.base)}},
+            {"key": "elsewhere", "task_type": "http", "config": {"url": "http://localhost.invalid/"}}
+        ]}),
+    );
+    let run = cluster.submit(&file).await;
+    let done = eventually("the run's end", || async {
+        let d = detail(&store, run).await;
+        matches!(
+            d.summary.state,
+            RunState::Succeeded | RunState::Failed | RunState::Cancelled
+        )
+        .then_some(d)
+    })
+    .await;
+    assert_eq!(done.summary.state, RunState::Failed, "{done:#?}");
+    assert_eq!(task(&done, "ok").output, Some(json!({"id": 9})), "{}", cluster.logs());
+    let refused = task(&done, "elsewhere");
+    assert_eq!(refused.state, TaskRunState::Failed);
+    let error = refused.error.as_deref().unwrap_or_default();
+    assert!(error.contains("--http-allow") || error.contains("allow"), "{error}");
+    assert_eq!(hook.received().len(), 1, "only the allowed host was called");
+}

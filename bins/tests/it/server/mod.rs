@@ -322,6 +322,11 @@ impl Api {
         assert_eq!(base, self.base, "the server came back elsewhere");
     }
 
+    /// The server's working folder (a `command` task's base folder).
+    pub(crate) fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
     pub(crate) fn logs(&self) -> String {
         let mut text = std::fs::read_to_string(&self.stderr).unwrap_or_default();
         if let Some(c) = &self.cluster {

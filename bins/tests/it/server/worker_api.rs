@@ -306,3 +306,32 @@ on_both!(the_worker_api_needs_the_worker_scope_and_valid_requests, &[], |api| {
         .expect("answers");
     assert_eq!(unknown.status().as_u16(), 422, "unknown fields are refused");
 });
+
+on_both!(a_remote_attempt_past_its_deadline_times_out, &[], |api| {
+    assert!(claim(&api, "remote-3", &["ext.late"], 1, 0.0).await.is_empty());
+    api.publish(&json!({"name": "late", "version": 1, "tasks": [
+        {"key": "l", "task_type": "ext.late", "timeout_seconds": 0.3}
+    ]}))
+    .await;
+    let run = api.start_run("late", json!({})).await;
+    let c = claim_n(&api, "remote-3", &["ext.late"], 1).await.remove(0);
+    // Waiting past a deadline is safe on any machine: it is only ever later.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let lease = json!([{"task_run_id": c["task_run_id"], "token": c["token"]}]);
+    assert_eq!(heartbeat(&api, "remote-3", lease).await, ["timed_out"]);
+    let response = results(
+        &api,
+        "remote-3",
+        json!([result_of(&c, json!({"outcome": "succeeded"}))]),
+    )
+    .await;
+    assert_eq!(
+        json_of(response, 409).await["code"],
+        "stale_token",
+        "the timed-out attempt's outcome is refused"
+    );
+    let report = api.wait_run(&run).await;
+    assert_eq!(report["state"], "failed");
+    let error = task(&report, "l")["error"].as_str().expect("an error");
+    assert!(error.starts_with("timed out after 0.3s"), "{error}");
+});
