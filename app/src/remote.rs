@@ -25,7 +25,9 @@ use crate::error::Error;
 /// new work is seen within a quarter of a second.
 const POLL_FIRST_PAUSE: Duration = Duration::from_millis(10);
 const POLL_MAX_PAUSE: Duration = Duration::from_millis(250);
-/// How many outcomes of one request are stored at once.
+/// How many outcomes of one request are stored at once: each is a commit
+/// of its own, so throughput follows how many are in flight (up to what
+/// the pool and the database's cores allow).
 const FINISH_CONCURRENCY: usize = 16;
 
 /// Bounds on what remote workers may ask for.

@@ -376,11 +376,13 @@ async fn sse() -> Value {
 
 /// Remote workers over the API: `clients` pollers claim up to `batch`
 /// task runs at a time and post every outcome of a batch in one request,
-/// over one run of `width` independent tasks of a type only they
-/// serve. Throughput is task runs claimed and finished per second, from
+/// over `run_count` runs of independent tasks of a type only they
+/// serve (2 000 tasks in all). Throughput is task runs claimed and finished per second, from
 /// the first claim to the last outcome stored.
-async fn remote(name: &str, db: &str, clients: usize, batch: u32) -> Value {
-    let width = usize::try_from(env_number("API_BENCH_REMOTE_TASKS", 2_000)).unwrap_or(2_000);
+async fn remote(name: &str, db: &str, run_count: usize, clients: usize, batch: u32) -> Value {
+    let total = usize::try_from(env_number("API_BENCH_REMOTE_TASKS", 2_000)).unwrap_or(2_000);
+    let width = total / run_count.max(1);
+    let total = width * run_count;
     let api = Arc::new(Api {
         http: http_client(),
         server: start_server(db),
@@ -391,7 +393,10 @@ async fn remote(name: &str, db: &str, clients: usize, batch: u32) -> Value {
         .map(|i| json!({"key": format!("t{i}"), "task_type": "bench.remote"}))
         .collect();
     api.publish(&support::definition("remote", tasks)).await;
-    let run = api.start_run("remote").await;
+    let mut runs = Vec::with_capacity(run_count);
+    for _ in 0..run_count {
+        runs.push(api.start_run("remote").await);
+    }
     let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();
     let mut pollers = tokio::task::JoinSet::new();
@@ -400,7 +405,7 @@ async fn remote(name: &str, db: &str, clients: usize, batch: u32) -> Value {
         pollers.spawn(async move {
             let worker = format!("bench-{c}");
             let mut requests = 0u64;
-            while done.load(std::sync::atomic::Ordering::Relaxed) < width {
+            while done.load(std::sync::atomic::Ordering::Relaxed) < total {
                 let claims = api.claim(&worker, batch, 0.5).await;
                 requests += 1;
                 if claims.is_empty() {
@@ -442,16 +447,19 @@ async fn remote(name: &str, db: &str, clients: usize, batch: u32) -> Value {
     // On SQLite the server's own scheduler ends the run; on PostgreSQL no
     // scheduler runs here, and only claims and outcomes are measured.
     if !db.starts_with("postgres") {
-        api.wait_run(&run).await;
+        for run in &runs {
+            api.wait_run(run).await;
+        }
     }
     json!({
         "scenario": name,
         "store": if db.starts_with("postgres") { "postgres" } else { "sqlite" },
-        "tasks": width,
+        "tasks": total,
+        "runs": run_count,
         "clients": clients,
         "batch": batch,
         "requests": requests,
-        "tasks_per_s": round(width as f64 / secs, 1),
+        "tasks_per_s": round(total as f64 / secs, 1),
         "seconds": round(secs, 2),
     })
 }
@@ -479,12 +487,17 @@ async fn main() {
     if want("remote_sqlite") {
         let dir = tempfile::tempdir().expect("a temp folder");
         let db = format!("sqlite://{}", dir.path().join("remote.db").display());
-        println!("{}", remote("remote_sqlite", &db, 4, 50).await);
+        println!("{}", remote("remote_sqlite", &db, 20, 8, 50).await);
+        let dir = tempfile::tempdir().expect("a temp folder");
+        let db = format!("sqlite://{}", dir.path().join("remote1.db").display());
+        println!("{}", remote("remote_sqlite_one_run", &db, 1, 4, 50).await);
     }
     if want("remote_pg") {
         let server = PgServer::from_env();
         let bench_db = BenchDb::create(&server, "remote");
-        println!("{}", remote("remote_pg", &bench_db.url(), 4, 50).await);
+        println!("{}", remote("remote_pg", &bench_db.url(), 20, 8, 50).await);
+        let bench_db = BenchDb::create(&server, "remote1");
+        println!("{}", remote("remote_pg_one_run", &bench_db.url(), 1, 4, 50).await);
     }
 }
 

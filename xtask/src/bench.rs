@@ -190,9 +190,19 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             let _ = write!(out, "\n<!-- suite:{suite} -->\n{body}<!-- /suite:{suite} -->\n");
         }
     }
+    // Sections written by hand (measured by tests, not by a suite) follow
+    // the suites and are kept as they are.
+    out.push_str(hand_written(&previous));
     std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("wrote {}", path.display());
     Ok(())
+}
+
+/// What follows the last suite's end marker.
+fn hand_written(text: &str) -> &str {
+    text.rfind("<!-- /suite:")
+        .and_then(|i| text[i..].find('\n').map(|j| &text[i + j + 1..]))
+        .unwrap_or("")
 }
 
 fn section(text: &str, suite: &str) -> Option<String> {
@@ -313,6 +323,8 @@ mod tests {
     #[test]
     fn sections_round_trip_and_targets_are_judged() {
         let text = "x\n<!-- suite:embedded -->\nbody\n<!-- /suite:embedded -->\n";
+        assert_eq!(hand_written(text), "");
+        assert_eq!(hand_written(&format!("{text}\n## ui\n\nkept\n")), "\n## ui\n\nkept\n");
         assert_eq!(section(text, "embedded").as_deref(), Some("body\n"));
         assert_eq!(section(text, "postgres"), None);
         let rendered = render_suite(
