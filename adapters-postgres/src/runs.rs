@@ -37,6 +37,14 @@ struct ClaimRow {
     woke_scheduler: bool,
 }
 
+/// A renewal's answer: the row's cancel flag when the token held the lease.
+fn lease_status(cancel_requested: Option<bool>) -> LeaseStatus {
+    match cancel_requested {
+        Some(cancel_requested) => LeaseStatus::Held { cancel_requested },
+        None => LeaseStatus::Lost,
+    }
+}
+
 impl ClaimRow {
     fn into_claim(self) -> Result<Claim, store::Error> {
         let id = self.id;
@@ -360,10 +368,7 @@ impl RunStore for PgStore {
             .fetch_optional(&self.inner.pool)
             .await
             .map_err(store_error)?;
-        Ok(match cancel_requested {
-            Some(cancel_requested) => LeaseStatus::Held { cancel_requested },
-            None => LeaseStatus::Lost,
-        })
+        Ok(lease_status(cancel_requested))
     }
 
     async fn task_inputs(&self, run: RunId, keys: &[String], limit: usize) -> Result<TaskInputs, store::Error> {
@@ -403,10 +408,7 @@ impl RunStore for PgStore {
             .fetch_optional(&self.inner.pool)
             .await
             .map_err(store_error)?;
-        Ok(match cancel_requested {
-            Some(cancel_requested) => LeaseStatus::Held { cancel_requested },
-            None => LeaseStatus::Lost,
-        })
+        Ok(lease_status(cancel_requested))
     }
 
     async fn finish_task_run(
