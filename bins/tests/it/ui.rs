@@ -308,6 +308,14 @@ async fn the_page_catches_up_after_the_server_restarts() {
         .iter()
         .map(|t| t["attempt"].as_u64().unwrap_or(0))
         .sum();
+    // The timeline redraws after the graph: wait for its bars, then check
+    // that no attempt was drawn twice.
+    browser
+        .wait_until_js(
+            &format!("document.querySelectorAll('#timeline g').length >= {attempts}"),
+            "the timeline to draw every attempt",
+        )
+        .await;
     let bars = browser
         .js("return document.querySelectorAll('#timeline g').length", vec![])
         .await;
