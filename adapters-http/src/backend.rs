@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowforge_app::attempts::Attempt;
-use flowforge_app::cache::DefinitionCache;
 use flowforge_app::remote::{Beat, BeatStatus, RemoteClaim, RemoteConfig, RemoteResult, RemoteWork};
 use flowforge_app::tokens::{self, Verdict};
 use flowforge_app::{Error, RunReport, Service, TaskTypes};
@@ -83,13 +82,9 @@ impl<S: Store> ServiceBackend<S> {
     /// The use cases of `service`; definitions may use `types`; remote
     /// workers are held to `remote`.
     pub fn new(service: Service<S>, types: TaskTypes, remote: RemoteConfig) -> Self {
-        let store = service.store().clone();
-        let defs = Arc::new(DefinitionCache::new(store.clone()));
-        Self {
-            service,
-            types,
-            remote: RemoteWork::new(store, defs, remote),
-        }
+        // The definitions the service has loaded serve the remote claims too.
+        let remote = RemoteWork::new(service.store().clone(), Arc::clone(service.definitions()), remote);
+        Self { service, types, remote }
     }
 }
 

@@ -331,9 +331,9 @@ impl RunStore for PgStore {
         let rows: Vec<ClaimRow> = sqlx::query_as(queries::CLAIM_READY)
             .bind(self.offset())
             .bind(task_types)
+            .bind(i64::from(max))
             .bind(&worker.0)
             .bind(interval(lease)?)
-            .bind(i64::from(max))
             .fetch_all(&self.inner.pool)
             .await
             .map_err(store_error)?;

@@ -183,11 +183,6 @@ impl<S: Store> RemoteWork<S> {
         }
     }
 
-    /// The bounds in force.
-    pub fn config(&self) -> &RemoteConfig {
-        &self.config
-    }
-
     fn issued(&self) -> std::sync::MutexGuard<'_, HashMap<(TaskRunId, i64), Issued>> {
         self.issued.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -453,6 +448,17 @@ impl<S: Store> RemoteWork<S> {
                 .retry_in(issued.workflow_id, &issued.task_key, issued.attempt, false, None)
                 .await,
         };
+        self.store_outcome(worker, key, outcome).await
+    }
+
+    /// Stores an attempt's outcome with its token; the claim is settled
+    /// either way (recorded, or refused as stale).
+    async fn store_outcome(
+        &self,
+        worker: &WorkerId,
+        key: (TaskRunId, i64),
+        outcome: TaskOutcome,
+    ) -> Result<FinishResult, Error> {
         let stored = self.store.finish_task_run(key.0, key.1, worker, outcome).await?;
         self.issued().remove(&key);
         Ok(stored)
@@ -546,9 +552,7 @@ impl<S: Store> RemoteWork<S> {
                 }
             }
         };
-        let stored = self.store.finish_task_run(key.0, key.1, worker, outcome).await?;
-        self.issued().remove(&key);
-        Ok(stored)
+        self.store_outcome(worker, key, outcome).await
     }
 
     /// The claim behind a result this process did not issue (it restarted,

@@ -204,49 +204,73 @@ SELECT (SELECT count(*) FROM run) > 0 AS created, ",
     " AS woke_scheduler"
 );
 
-/// claim_task_run: ready → running at the dispatch's token, refusing a
-/// forward task of a cancel-requested run; bumps the token, sets the lease and
-/// `started_at = COALESCE(started_at, now)`, flags the first start of a
-/// task in a still-pending run; the event in the same statement. `$1`
-/// offset, `$2` id, `$3` token, `$4` worker, `$5` lease.
-pub const CLAIM: &str = concat!(
-    "WITH claimed AS (
-    UPDATE task_run AS tr
-    SET state = 'running',
+/// The `claim` edge's SET list, shared by both claims: running, token + 1,
+/// the lease to `$4` until now + `$5`, `started_at = COALESCE(started_at,
+/// now)`, the last attempt's progress cleared, and the run flagged when
+/// this is the first start of a task in a still-pending run. Needs the run
+/// as `wr`.
+macro_rules! claim_set {
+    () => {
+        concat!(
+            "SET state = 'running',
         fencing_token = tr.fencing_token + 1,
         lease_owner = $4,
         lease_expires_at = ",
-    now!(),
-    " + $5::interval,
+            now!(),
+            " + $5::interval,
         started_at = COALESCE(tr.started_at, ",
-    now!(),
-    "),
+            now!(),
+            "),
         progress = NULL,
-        needs_pass = tr.needs_pass OR (wr.state = 'pending' AND tr.started_at IS NULL)
+        needs_pass = tr.needs_pass OR (wr.state = 'pending' AND tr.started_at IS NULL)"
+        )
+    };
+}
+
+/// What a claim returns, its `claim` event, and the claims as rows
+/// (closes the `claimed` CTE).
+macro_rules! claim_tail {
+    () => {
+        concat!(
+            "
+    RETURNING tr.id, tr.run_id, wr.workflow_id, tr.task_key, tr.compensate_for, tr.attempt, tr.fencing_token,
+              tr.lease_expires_at, wr.state = 'pending' AS run_pending
+), event AS (
+    ",
+            event_insert!(),
+            "SELECT id, run_id, task_key, 'claim', 'ready', 'running', attempt, fencing_token, $4, ",
+            now!(),
+            ", NULL FROM claimed ORDER BY id
+)
+SELECT c.id, c.run_id, c.workflow_id, c.task_key, c.compensate_for, c.attempt, c.fencing_token, c.lease_expires_at,
+       c.run_pending AS woke_scheduler
+FROM claimed AS c ORDER BY c.id"
+        )
+    };
+}
+
+/// claim_task_run: ready → running at the dispatch's token, refusing a
+/// forward task of a cancel-requested run; the event in the same
+/// statement. `$1` offset, `$2` id, `$3` token, `$4` worker, `$5` lease.
+pub const CLAIM: &str = concat!(
+    "WITH claimed AS (
+    UPDATE task_run AS tr
+    ",
+    claim_set!(),
+    "
     FROM workflow_run AS wr
     WHERE tr.id = $2 AND tr.state = 'ready' AND tr.fencing_token = $3
       AND wr.id = tr.run_id
       -- A cancel request stops forward tasks; a rollback goes on
       -- (docs/design/cancellation.md#rollbacks-are-not-interrupted).
-      AND (wr.cancel_requested_at IS NULL OR tr.compensate_for IS NOT NULL)
-    RETURNING tr.id, tr.run_id, wr.workflow_id, tr.task_key, tr.compensate_for, tr.attempt, tr.fencing_token,
-              tr.lease_expires_at, wr.state = 'pending' AS run_pending
-), event AS (
-    ",
-    event_insert!(),
-    "SELECT id, run_id, task_key, 'claim', 'ready', 'running', attempt, fencing_token, $4, ",
-    now!(),
-    ", NULL FROM claimed
-)
-SELECT c.id, c.run_id, c.workflow_id, c.task_key, c.compensate_for, c.attempt, c.fencing_token, c.lease_expires_at,
-       c.run_pending AS woke_scheduler
-FROM claimed AS c"
+      AND (wr.cancel_requested_at IS NULL OR tr.compensate_for IS NOT NULL)",
+    claim_tail!()
 );
 
-/// claim_ready: the `claim` edge of [`CLAIM`] for up to `$5` ready rows of
+/// claim_ready: the `claim` edge of [`CLAIM`] for up to `$3` ready rows of
 /// the task types `$2`, oldest first, skipping rows another claimer holds
-/// (`taskrun_ready_idx`). `$1` offset, `$2` task types, `$3` worker, `$4`
-/// lease, `$5` most rows.
+/// (`taskrun_ready_idx`). `$1` offset, `$2` task types, `$3` most rows,
+/// `$4` worker, `$5` lease.
 pub const CLAIM_READY: &str = concat!(
     "WITH picked AS (
     SELECT tr.id
@@ -256,35 +280,16 @@ pub const CLAIM_READY: &str = concat!(
     WHERE tr.state = 'ready' AND t.task_type = ANY($2)
       AND (wr.cancel_requested_at IS NULL OR tr.compensate_for IS NOT NULL)
     ORDER BY tr.id
-    LIMIT $5
+    LIMIT $3
     FOR UPDATE OF tr SKIP LOCKED
 ), claimed AS (
     UPDATE task_run AS tr
-    SET state = 'running',
-        fencing_token = tr.fencing_token + 1,
-        lease_owner = $3,
-        lease_expires_at = ",
-    now!(),
-    " + $4::interval,
-        started_at = COALESCE(tr.started_at, ",
-    now!(),
-    "),
-        progress = NULL,
-        needs_pass = tr.needs_pass OR (wr.state = 'pending' AND tr.started_at IS NULL)
-    FROM picked, workflow_run AS wr
-    WHERE tr.id = picked.id AND tr.state = 'ready' AND wr.id = tr.run_id
-    RETURNING tr.id, tr.run_id, wr.workflow_id, tr.task_key, tr.compensate_for, tr.attempt, tr.fencing_token,
-              tr.lease_expires_at, wr.state = 'pending' AS run_pending
-), event AS (
     ",
-    event_insert!(),
-    "SELECT id, run_id, task_key, 'claim', 'ready', 'running', attempt, fencing_token, $3, ",
-    now!(),
-    ", NULL FROM claimed
-)
-SELECT c.id, c.run_id, c.workflow_id, c.task_key, c.compensate_for, c.attempt, c.fencing_token, c.lease_expires_at,
-       c.run_pending AS woke_scheduler
-FROM claimed AS c ORDER BY c.id"
+    claim_set!(),
+    "
+    FROM picked, workflow_run AS wr
+    WHERE tr.id = picked.id AND tr.state = 'ready' AND wr.id = tr.run_id",
+    claim_tail!()
 );
 
 /// dispatch_is_current: the row is ready at the dispatch's token. `$1` id,

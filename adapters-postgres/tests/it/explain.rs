@@ -189,9 +189,9 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
     let p = plan(&pool, queries::CLAIM_READY, |q| {
         q.bind(zero)
             .bind(vec!["noop".to_owned()])
+            .bind(10_i64)
             .bind("w")
             .bind(zero)
-            .bind(10_i64)
     })
     .await;
     assert_uses("claim_ready", &p, &[&["taskrun_ready_idx"]]);

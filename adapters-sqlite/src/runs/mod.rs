@@ -94,6 +94,16 @@ fn aggregated<T: serde::de::DeserializeOwned>(
     serde_json::from_str(&text).map_err(|e| store::Error::Other(format!("cannot read the stored {what}: {e}")))
 }
 
+/// A renewal's answer: the row's cancel flag when the token held the lease.
+fn lease_status(rows: &[sqlx::sqlite::SqliteRow]) -> Result<LeaseStatus, store::Error> {
+    Ok(match rows.first() {
+        Some(row) => LeaseStatus::Held {
+            cancel_requested: col(row, 0)?,
+        },
+        None => LeaseStatus::Lost,
+    })
+}
+
 impl TaskRunRow {
     fn into_view(self) -> Result<TaskRunView, DecodeError> {
         Ok(TaskRunView {
@@ -412,12 +422,7 @@ impl RunStore for SqliteStore {
                     .bind(text),
             ))
             .await?;
-        Ok(match rows.first() {
-            Some(row) => LeaseStatus::Held {
-                cancel_requested: col(row, 0)?,
-            },
-            None => LeaseStatus::Lost,
-        })
+        lease_status(&rows)
     }
 
     async fn task_inputs(&self, run: RunId, keys: &[String], limit: usize) -> Result<TaskInputs, store::Error> {
@@ -500,12 +505,7 @@ impl RunStore for SqliteStore {
                 sql(RENEW).bind(offset).bind(id.0).bind(token).bind(duration_ms(lease)),
             ))
             .await?;
-        Ok(match rows.first() {
-            Some(row) => LeaseStatus::Held {
-                cancel_requested: col(row, 0)?,
-            },
-            None => LeaseStatus::Lost,
-        })
+        lease_status(&rows)
     }
 
     async fn finish_task_run(

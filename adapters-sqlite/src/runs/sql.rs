@@ -107,14 +107,24 @@ pub(crate) const FINISH_CANCELLED: &str = concat!(
     "; COMMIT"
 );
 
+/// A renewal's condition and answer: the lease held at the token, and
+/// whether a forward task's run is being cancelled (a compensator finishes
+/// its step). `?2` id, `?3` token.
+macro_rules! renewed {
+    () => {
+        " WHERE id = ?2 AND state = 'running' AND fencing_token = ?3 \
+         RETURNING compensate_for IS NULL \
+           AND (SELECT r.cancel_requested_at IS NOT NULL FROM workflow_run r WHERE r.id = task_run.run_id); \
+         COMMIT"
+    };
+}
+
 /// renew_lease: `?2` id, `?3` token, `?4` lease in ms.
 pub(crate) const RENEW: &str = concat!(
     "BEGIN IMMEDIATE; UPDATE task_run SET lease_expires_at = ",
     now!(),
-    " + ?4 WHERE id = ?2 AND state = 'running' AND fencing_token = ?3 \
-     RETURNING compensate_for IS NULL \
-       AND (SELECT r.cancel_requested_at IS NOT NULL FROM workflow_run r WHERE r.id = task_run.run_id); \
-     COMMIT"
+    " + ?4",
+    renewed!()
 );
 
 /// report_progress: [`RENEW`] that also stores the progress. `?2` id,
@@ -122,10 +132,8 @@ pub(crate) const RENEW: &str = concat!(
 pub(crate) const REPORT_PROGRESS: &str = concat!(
     "BEGIN IMMEDIATE; UPDATE task_run SET progress = ?5, lease_expires_at = ",
     now!(),
-    " + ?4 WHERE id = ?2 AND state = 'running' AND fencing_token = ?3 \
-     RETURNING compensate_for IS NULL \
-       AND (SELECT r.cancel_requested_at IS NOT NULL FROM workflow_run r WHERE r.id = task_run.run_id); \
-     COMMIT"
+    " + ?4",
+    renewed!()
 );
 
 /// claim_ready: the oldest ready rows of the task types `?1` (a JSON

@@ -55,6 +55,31 @@ impl PyWorker {
         kill(Pid::from_raw(pid), signal).expect("signal the worker");
     }
 
+    /// Polls `probe` (given the worker's log) until it answers `Ok`,
+    /// failing the test when the worker exits first or after [`PATIENCE`]
+    /// with the last `Err` it gave.
+    async fn watch<T>(&mut self, what: &str, mut probe: impl AsyncFnMut(&str) -> Result<T, String>) -> T {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let last = match probe(&self.log()).await {
+                Ok(found) => return found,
+                Err(last) => last,
+            };
+            assert!(
+                self.child.try_wait().expect("try_wait").is_none(),
+                "{} exited while waiting for {what}:\n{}",
+                self.id,
+                self.log()
+            );
+            assert!(
+                Instant::now() < deadline,
+                "no {what} within {PATIENCE:?}: {last}\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Waits up to `within` for the worker to exit.
     async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
         let deadline = Instant::now() + within;
@@ -122,27 +147,14 @@ on_both!(a_killed_workers_task_is_finished_by_another, LEASE, |api| {
     // Worker A serves py.square, but hangs on sq3. Its first claim
     // registers the type, which publishing then accepts.
     let mut a = PyWorker::start(&api, &token, "py-a", Some("sq3"));
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    a.watch("py-a to register", async |_| {
         let workers = api.get_json("/api/v1/workers", 200).await;
-        if workers["items"]
+        let listed = workers["items"]
             .as_array()
-            .is_some_and(|w| w.iter().any(|w| w["id"] == "py-a"))
-        {
-            break;
-        }
-        assert!(
-            a.child.try_wait().expect("try_wait").is_none(),
-            "py-a exited:\n{}",
-            a.log()
-        );
-        assert!(
-            Instant::now() < deadline,
-            "py-a never claimed: {workers:#}\n{}",
-            a.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            .is_some_and(|w| w.iter().any(|w| w["id"] == "py-a"));
+        if listed { Ok(()) } else { Err(format!("{workers:#}")) }
+    })
+    .await;
     let squares: Vec<String> = (0..8).map(|i| format!("sq{i}")).collect();
     let square_refs: Vec<&str> = squares.iter().map(String::as_str).collect();
     let seed: (&str, &str, &[&str], Value) = ("seed", "noop", &[], json!({}));
@@ -157,34 +169,26 @@ on_both!(a_killed_workers_task_is_finished_by_another, LEASE, |api| {
     let run = api.start_run("squares", json!({})).await;
 
     // sq3 hangs in A; the other squares succeed.
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let report = api.get_json(&format!("/api/v1/runs/{run}"), 200).await;
-        let others_done = square_refs
-            .iter()
-            .filter(|k| **k != "sq3")
-            .all(|k| task(&report, k)["state"] == "succeeded");
-        if others_done && task(&report, "sq3")["state"] == "running" && a.log().contains("hanging") {
-            // Reported with a heartbeat before it began to hang.
-            assert_eq!(
-                task(&report, "sq3")["progress"],
-                json!({"stage": "computing"}),
-                "{report:#}"
-            );
-            break;
-        }
-        assert!(
-            a.child.try_wait().expect("try_wait").is_none(),
-            "py-a exited:\n{}",
-            a.log()
-        );
-        assert!(
-            Instant::now() < deadline,
-            "sq3 never hung with the others done: {report:#}\n{}",
-            a.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let report = a
+        .watch("sq3 to hang with the other squares done", async |log| {
+            let report = api.get_json(&format!("/api/v1/runs/{run}"), 200).await;
+            let others_done = square_refs
+                .iter()
+                .filter(|k| **k != "sq3")
+                .all(|k| task(&report, k)["state"] == "succeeded");
+            if others_done && task(&report, "sq3")["state"] == "running" && log.contains("hanging") {
+                Ok(report)
+            } else {
+                Err(format!("{report:#}"))
+            }
+        })
+        .await;
+    // Reported with a heartbeat before it began to hang.
+    assert_eq!(
+        task(&report, "sq3")["progress"],
+        json!({"stage": "computing"}),
+        "{report:#}"
+    );
     let first = api
         .get_json(&format!("/api/v1/runs/{run}/tasks/sq3/attempts"), 200)
         .await;
