@@ -69,6 +69,9 @@ struct ReapRow {
     run_id: Uuid,
     task_key: String,
     state: String,
+    task_type: String,
+    compensate_for: Option<String>,
+    error: Option<String>,
     cancel_requested: bool,
     dispatched: i64,
     lost_attempt: i32,
@@ -491,6 +494,9 @@ impl RunStore for PgStore {
                     cancelled: cancelled.contains(&r.id),
                     attempt: u32::try_from(r.lost_attempt).unwrap_or(u32::MAX),
                     token: r.lost_token,
+                    task_type: r.task_type,
+                    compensate_for: r.compensate_for,
+                    error: r.error,
                 })
             })
             .collect()

@@ -106,9 +106,9 @@ macro_rules! stale_audit {
             next_event_id!(),
             " + 1, id, run_id, task_key, 'stale_write_rejected', NULL, NULL, attempt, ?3, ?4, ",
             now!(),
-            ", 'stale ",
+            ", 'rejected ",
             $label,
-            " rejected: token ' || ?3 || ' presented, the row is ' || state || ' at token ' || fencing_token \
+            " with fencing token ' || ?3 || ': the row is ' || state || ' at token ' || fencing_token \
              FROM task_run WHERE id = ?2 AND changes() = 0 \
              AND (SELECT count(*) FROM task_run_event WHERE task_run_id = ?2 \
              AND transition = 'stale_write_rejected') < ",

@@ -124,7 +124,17 @@ impl<S: Store> Scheduler<S> {
                 transition = %r.transition, cancelled = r.cancelled, "lease expired; task run reaped"
             );
             if r.transition == TaskTransition::ReapLeaseFinal {
-                self.reaped_for_good(r.run_id, &r.task_key).await;
+                // The reaper reports what the observer needs: no second read.
+                self.observers.task_failed(&TaskEvent {
+                    run_id: r.run_id,
+                    task_key: r.task_key.clone(),
+                    task_type: r.task_type.clone(),
+                    compensate_for: r.compensate_for.clone(),
+                    attempt: r.attempt,
+                    output: None,
+                    error: r.error.clone(),
+                    retry_in: None,
+                });
             }
         }
         let runs = self.store.runs_with_work(scope.clone(), self.config.batch).await?;
@@ -143,30 +153,6 @@ impl<S: Store> Scheduler<S> {
             }
         }
         Ok(report)
-    }
-
-    async fn reaped_for_good(&self, run_id: RunId, task_key: &str) {
-        let Ok(Some(detail)) = self.store.get_run(run_id).await else {
-            return;
-        };
-        let Ok(published) = self.defs.get(detail.summary.workflow_id).await else {
-            return;
-        };
-        let task = detail.tasks.iter().find(|t| t.key == task_key);
-        self.observers.task_failed(&TaskEvent {
-            run_id,
-            task_key: task_key.to_owned(),
-            task_type: published
-                .definition
-                .task(task_key)
-                .map(|t| t.task_type().to_owned())
-                .unwrap_or_default(),
-            compensate_for: task.and_then(|t| t.compensate_for.clone()),
-            attempt: task.map_or(1, |t| t.attempt),
-            output: None,
-            error: task.and_then(|t| t.error.clone()),
-            retry_in: None,
-        });
     }
 
     /// One run's transaction (docs/design/scheduler.md#the-pass). `Ok(None)`

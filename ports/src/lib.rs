@@ -31,12 +31,13 @@ mod tests {
     use std::collections::BTreeSet;
 
     /// The contract's sections, read as text: a case is a `pub async fn`.
-    const SECTIONS: [&str; 13] = [
+    const SECTIONS: [&str; 14] = [
         include_str!("contract/api.rs"),
         include_str!("contract/claims.rs"),
         include_str!("contract/definitions.rs"),
         include_str!("contract/finishing.rs"),
         include_str!("contract/generic.rs"),
+        include_str!("contract/history.rs"),
         include_str!("contract/limits.rs"),
         include_str!("contract/model.rs"),
         include_str!("contract/outbox.rs"),

@@ -454,12 +454,13 @@ macro_rules! reaped_to_ready {
 /// so a row a worker has just finished is never touched. Bumps the token;
 /// `reap_lease` (attempt + 1, outbox row unless it is a forward task of a
 /// cancel-requested run) when attempts remain or the run is
-/// cancel-requested, else `reap_lease_final`. The
+/// cancel-requested, else `reap_lease_final`. Its event names the worker
+/// whose lease expired, read before the UPDATE clears it. The
 /// candidate scan is served by `taskrun_lease_expiry_idx`. `$1` offset, `$2`
 /// limit, `$3` run (NULL: every run).
 pub const REAP: &str = concat!(
     "WITH candidate AS (
-    SELECT tr.id, tr.fencing_token
+    SELECT tr.id, tr.fencing_token, tr.lease_owner
     FROM task_run AS tr
     WHERE tr.state = 'running' AND tr.lease_expires_at < ",
     now!(),
@@ -496,14 +497,15 @@ pub const REAP: &str = concat!(
     "
       AND wr.id = tr.run_id AND t.workflow_id = wr.workflow_id AND t.key = tr.task_key
     RETURNING tr.id, tr.run_id, tr.task_key, tr.state, tr.attempt, tr.fencing_token, tr.error, t.task_type,
+              tr.compensate_for, c.lease_owner AS lost_worker,
               wr.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL AS cancel_requested
 ), event AS (
     ",
     event_insert!(),
     "SELECT id, run_id, task_key, CASE WHEN state = 'ready' THEN 'reap_lease' ELSE 'reap_lease_final' END,
-           'running', state, attempt, fencing_token, NULL, ",
+           'running', state, attempt, fencing_token, lost_worker, ",
     now!(),
-    ", CASE WHEN state = 'ready' THEN NULL ELSE error END
+    ", CASE WHEN state = 'ready' THEN 'lease expired' ELSE error END
     -- By run first: each event locks its run's sequence counter, and two
     -- reapers must take the counters of the runs they share in one order.
     FROM reaped ORDER BY run_id, id
@@ -517,7 +519,8 @@ pub const REAP: &str = concat!(
     ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
     RETURNING id
 )
-SELECT id, run_id, task_key, state, cancel_requested, (SELECT count(*) FROM dispatched) AS dispatched,
+SELECT id, run_id, task_key, state, task_type, compensate_for, CASE WHEN state = 'ready' THEN NULL ELSE error END AS error,
+       cancel_requested, (SELECT count(*) FROM dispatched) AS dispatched,
        CASE WHEN state = 'ready' THEN attempt - 1 ELSE attempt END AS lost_attempt,
        fencing_token - 1 AS lost_token
 FROM reaped ORDER BY id"

@@ -181,6 +181,8 @@ struct ExpiredRow {
     attempt: i64,
     fencing_token: i64,
     lease_expires_at: i64,
+    task_type: String,
+    compensate_for: Option<String>,
 }
 
 impl SqliteStore {
@@ -660,6 +662,9 @@ impl RunStore for SqliteStore {
                 cancelled,
                 attempt: u32::try_from(row.attempt).unwrap_or(u32::MAX),
                 token: row.fencing_token,
+                task_type: row.task_type,
+                compensate_for: row.compensate_for,
+                error: (transition == TaskTransition::ReapLeaseFinal).then(|| FINAL.to_owned()),
             });
         }
         if reaped.is_empty() {

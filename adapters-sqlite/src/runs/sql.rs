@@ -88,7 +88,7 @@ pub(crate) const FINISH_RETRY: &str = concat!(
     ", e.error FROM task_run, (\
      SELECT 1 AS seq, 'fail' AS transition, 'running' AS from_state, 'failed' AS to_state, 1 AS back, \
      ?4 AS worker, ?5 AS error \
-     UNION ALL SELECT 2, 'schedule_retry', 'failed', 'retrying', 0, NULL, NULL) AS e \
+     UNION ALL SELECT 2, 'schedule_retry', 'failed', 'retrying', 0, ?4, NULL) AS e \
      WHERE task_run.id = ?2 AND changes() = 1 ORDER BY e.seq; ",
     stale_audit!("fail"),
     "; COMMIT"
@@ -276,7 +276,8 @@ pub(super) const KEYED_RUN: &str = "SELECT request_hash, run_id FROM run_idempot
 /// reap_expired_leases: the expired leases (`taskrun_lease_expiry_idx`),
 /// read outside the write; the write re-checks each row.
 pub(crate) const EXPIRED_LEASES: &str = concat!(
-    "SELECT tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.lease_expires_at \
+    "SELECT tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.lease_expires_at, t.task_type, \
+     tr.compensate_for \
              FROM task_run tr \
              JOIN workflow_run r ON r.id = tr.run_id \
              JOIN task t ON t.workflow_id = r.workflow_id AND t.key = tr.task_key \

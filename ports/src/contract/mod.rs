@@ -95,6 +95,8 @@ macro_rules! store_contract_tests {
             task_inputs_read_the_run_input_and_outputs,
             worker_registry_tracks_workers_and_live_task_types,
             the_event_history_records_every_transition,
+            every_store_writes_the_same_event_rows,
+            a_reap_in_a_cancelled_run_writes_the_same_rows,
             wide_runs_are_written_in_batches,
             start_run_refuses_an_input_holding_nul,
             an_unstorable_outcome_is_stored_as_the_domain_says,
@@ -137,6 +139,7 @@ mod claims;
 mod definitions;
 mod finishing;
 mod generic;
+mod history;
 mod limits;
 mod model;
 mod outbox;
@@ -151,6 +154,7 @@ pub use claims::*;
 pub use definitions::*;
 pub use finishing::*;
 pub use generic::*;
+pub use history::*;
 pub use limits::*;
 pub use model::*;
 pub use outbox::*;
@@ -221,6 +225,30 @@ pub(super) async fn view<S: Store>(s: &S, run: RunId, key: &str) -> TaskRunView 
         .into_iter()
         .find(|t| t.key == key)
         .unwrap_or_else(|| panic!("no task run '{key}'"))
+}
+
+/// Task `a` of `run`: claimed by `w1` (the run starts), failed with "flake"
+/// and a 5 s retry, then made ready again 6 s later. Returns the first
+/// attempt's claim.
+pub(super) async fn first_attempt_flakes<S: Store>(s: &S, clock: &ManualClock, run: RunId) -> Claim {
+    let first = claim(s, run, "a", "w1", LONG).await;
+    let mut p = pass(s, run).await;
+    p.take_flagged().await.expect("take_flagged");
+    p.transition_run(flowforge_domain::RunTransition::Start)
+        .await
+        .expect("start");
+    p.commit().await.expect("commit");
+    let retry = crate::store::TaskOutcome::Failed {
+        error: "flake".into(),
+        retry_in: Some(Duration::from_secs(5)),
+    };
+    finish(s, &first, "w1", retry).await;
+    clock.advance(Duration::from_secs(6));
+    let mut p = pass(s, run).await;
+    p.take_flagged().await.expect("take_flagged");
+    p.promote_due_retries().await.expect("promote");
+    p.commit().await.expect("commit");
+    first
 }
 
 pub(super) async fn events<S: Store>(s: &S, run: RunId) -> Vec<EventView> {

@@ -338,6 +338,11 @@ pub async fn a_cancel_request_does_not_stop_a_rollback<F: StoreFactory>(factory:
     let reaped = s.reap_expired_leases(Scope::Run(run), 10).await.expect("reap");
     assert_eq!(reaped.len(), 1);
     assert!(!reaped[0].cancelled, "a compensator's lease is reaped, not cancelled");
+    assert_eq!(
+        (reaped[0].task_type.as_str(), reaped[0].compensate_for.as_deref()),
+        ("undo", Some("a")),
+        "the reaper says what it reaped"
+    );
     assert_eq!(reaped[0].transition, flowforge_domain::TaskTransition::ReapLease);
     let again = view(&s, run, "undo_a").await;
     assert_eq!(again.state, TaskRunState::Ready);

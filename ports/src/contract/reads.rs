@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::clock::Clock;
 use crate::ids::RunId;
-use crate::store::{RunPass, RunStore, Scope, TaskOutcome, WorkerRegistration, WorkerRegistry};
+use crate::store::{RunPass, RunStore, Scope, WorkerRegistration, WorkerRegistry};
 
 use super::*;
 
@@ -163,21 +163,7 @@ pub async fn the_event_history_records_every_transition<F: StoreFactory>(factory
         {"key": "b", "task_type": "noop", "depends_on": ["a"]}
     ]});
     let run = start(&s, doc).await;
-    let first = claim(&s, run, "a", "w1", LONG).await;
-    let mut p = pass(&s, run).await;
-    p.take_flagged().await.expect("take_flagged");
-    p.transition_run(RunTransition::Start).await.expect("start");
-    p.commit().await.expect("commit");
-    let retry = TaskOutcome::Failed {
-        error: "flake".into(),
-        retry_in: Some(Duration::from_secs(5)),
-    };
-    finish(&s, &first, "w1", retry).await;
-    clock.advance(Duration::from_secs(6));
-    let mut p = pass(&s, run).await;
-    p.take_flagged().await.expect("take_flagged");
-    p.promote_due_retries().await.expect("promote");
-    p.commit().await.expect("commit");
+    let first = first_attempt_flakes(&s, &clock, run).await;
     let second = claim(&s, run, "a", "w2", LONG).await;
     finish(&s, &second, "w2", succeeded(json!({}))).await;
     let mut p = pass(&s, run).await;

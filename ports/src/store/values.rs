@@ -217,6 +217,12 @@ pub struct Reaped {
     pub attempt: u32,
     /// The fencing token that attempt held (now stale).
     pub token: i64,
+    /// Its task type, so an observer needs no second read.
+    pub task_type: String,
+    /// The forward task it compensates, when it is a compensator.
+    pub compensate_for: Option<String>,
+    /// The error it failed with: set for `reap_lease_final` only.
+    pub error: Option<String>,
 }
 
 /// The outcome of a cancel request.
