@@ -21,6 +21,10 @@
 //! The schema lives in `migrations/`, embedded in the binary; [`PgStore::connect`]
 //! refuses a database whose migrations are not applied, and
 //! [`PgStore::migrate`] applies them.
+//!
+//! The crate is laid out as the SQLite store is, file for file: SQL by
+//! concern in `queries/`, row decoding in `rows.rs`, one file per port
+//! implementation (ARCHITECTURE.md, "adapters-sqlite, adapters-postgres").
 
 mod definitions;
 mod error;

@@ -3,7 +3,7 @@
 //! wait on.
 //!
 //! Sending: a committed write wakes this process's waiters at once, then
-//! sends `NOTIFY` outside its transaction (see `queries.rs` for why not
+//! sends `NOTIFY` outside its transaction (see `queries/mod.rs` for why not
 //! inside). Concurrent senders of one topic combine: while one NOTIFY is in
 //! flight, later writers only mark the topic dirty and return, and the
 //! sender notifies again once it is done — every commit is followed by a

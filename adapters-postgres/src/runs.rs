@@ -436,14 +436,14 @@ impl RunStore for PgStore {
         Ok(self.generic(id, from, edge).await?)
     }
 
-    async fn reap_expired_leases(&self, scope: Scope, limit_to: u32) -> Result<Vec<Reaped>, store::Error> {
-        if limit_to == 0 {
+    async fn reap_expired_leases(&self, scope: Scope, limit: u32) -> Result<Vec<Reaped>, store::Error> {
+        if limit == 0 {
             return Ok(Vec::new());
         }
         let mut tx = self.inner.pool.begin().await.map_err(store_error)?;
         let rows: Vec<ReapRow> = sqlx::query_as(queries::REAP)
             .bind(self.offset())
-            .bind(i64::from(limit_to))
+            .bind(i64::from(limit))
             .bind(scope_runs(&scope))
             .fetch_all(&mut *tx)
             .await
@@ -502,10 +502,10 @@ impl RunStore for PgStore {
             .collect()
     }
 
-    async fn runs_with_work(&self, scope: Scope, limit_to: u32) -> Result<Vec<RunId>, store::Error> {
+    async fn runs_with_work(&self, scope: Scope, limit: u32) -> Result<Vec<RunId>, store::Error> {
         let ids: Vec<Uuid> = sqlx::query_scalar(queries::RUNS_WITH_WORK)
             .bind(self.offset())
-            .bind(i64::from(limit_to))
+            .bind(i64::from(limit))
             .bind(scope_runs(&scope))
             .fetch_all(&self.inner.pool)
             .await
@@ -572,9 +572,9 @@ impl RunStore for PgStore {
         }))
     }
 
-    async fn list_runs(&self, limit_to: u32) -> Result<Vec<RunSummary>, store::Error> {
+    async fn list_runs(&self, limit: u32) -> Result<Vec<RunSummary>, store::Error> {
         let rows: Vec<SummaryRow> = sqlx::query_as(queries::LIST_RUNS)
-            .bind(i64::from(limit_to))
+            .bind(i64::from(limit))
             .fetch_all(&self.inner.pool)
             .await
             .map_err(store_error)?;
@@ -645,11 +645,11 @@ impl RunStore for PgStore {
         row.map(SummaryRow::into_summary).transpose()
     }
 
-    async fn run_events(&self, run: RunId, after: u64, limit_to: u32) -> Result<Vec<EventView>, store::Error> {
+    async fn run_events(&self, run: RunId, after: u64, limit: u32) -> Result<Vec<EventView>, store::Error> {
         let rows: Vec<EventRow> = sqlx::query_as(queries::RUN_EVENTS)
             .bind(run.0)
             .bind(i64::try_from(after).unwrap_or(i64::MAX))
-            .bind(i64::from(limit_to))
+            .bind(i64::from(limit))
             .fetch_all(&self.inner.pool)
             .await
             .map_err(store_error)?;

@@ -13,9 +13,11 @@ use flowforge_ports::store::DefinitionSummary;
 use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, WorkflowId, store};
 use serde_json::{Map, Value, json};
 
-use crate::convert::{col, decode};
-use crate::convert::{time, u32_of};
 use crate::error::is_unique_violation;
+use crate::queries;
+use crate::rows::DefinitionRow;
+use crate::rows::time;
+use crate::rows::{col, decode};
 use crate::store::{Failure, SqliteStore, padded, sql, tagged};
 
 #[derive(Debug, sqlx::FromRow)]
@@ -68,65 +70,6 @@ fn task_rows(def: &WorkflowDefinition) -> Result<String, store::Error> {
         })
         .collect();
     serde_json::to_string(&rows).map_err(|e| store::Error::Other(format!("cannot encode task rows: {e}")))
-}
-
-/// load: the workflow row (tag 0) and its task rows (tag 1) from one read
-/// transaction, in one call. `?1` the workflow.
-pub(crate) const LOAD: &str = "BEGIN; \
-     SELECT 0 AS tag, id, name, version, description, fingerprint, definition, created_at FROM workflow \
-     WHERE id = ?1; \
-     SELECT 1 AS tag, key, task_type, depends_on, config, timeout_seconds, retry, compensate_for, max_attempts \
-     FROM task WHERE workflow_id = ?1 ORDER BY position; COMMIT";
-
-/// publish_definition in one call: the row already under (name, version),
-/// if any (tag 0); otherwise the new workflow (tag 1) and its tasks, which
-/// follow it only when it was inserted (`changes() = 1`). `?2` name, `?3`
-/// version, `?4` description, `?5` fingerprint, `?6` document, `?7` tasks.
-pub(crate) const PUBLISH: &str = concat!(
-    "BEGIN IMMEDIATE; \
-     SELECT 0 AS tag, id, fingerprint FROM workflow WHERE name = ?2 AND version = ?3; \
-     INSERT INTO workflow (name, version, description, fingerprint, definition, created_at) \
-     SELECT ?2, ?3, ?4, ?5, ?6, ",
-    now!(),
-    " WHERE NOT EXISTS (SELECT 1 FROM workflow WHERE name = ?2 AND version = ?3) \
-     RETURNING 1 AS tag, id, created_at; \
-     INSERT INTO task (workflow_id, key, position, task_type, depends_on, config, timeout_seconds, retry, \
-     compensate_for, max_attempts) \
-     SELECT (SELECT id FROM workflow WHERE name = ?2 AND version = ?3), j.value ->> 'key', j.key, \
-     j.value ->> 'task_type', j.value -> 'depends_on', j.value -> 'config', j.value ->> 'timeout_seconds', \
-     j.value -> 'retry', j.value ->> 'compensate_for', j.value ->> 'max_attempts' \
-     FROM json_each(?7) AS j WHERE changes() = 1 ORDER BY j.key; \
-     COMMIT"
-);
-
-/// list_definitions: every definition, or the versions of `?1`, by name
-/// then version, highest first (`uniq_workflow_name_version`), each with
-/// its task count (`task_pkey`).
-pub(crate) const LIST_DEFINITIONS: &str = "SELECT w.id, w.name, w.version, w.fingerprint, w.created_at, \
-     (SELECT count(*) FROM task t WHERE t.workflow_id = w.id) AS tasks \
-     FROM workflow w WHERE ?1 IS NULL OR w.name = ?1 ORDER BY w.name, w.version DESC";
-
-#[derive(Debug, sqlx::FromRow)]
-struct SummaryRow {
-    id: i64,
-    name: String,
-    version: i64,
-    fingerprint: String,
-    created_at: i64,
-    tasks: i64,
-}
-
-impl SummaryRow {
-    fn into_summary(self) -> Result<DefinitionSummary, store::Error> {
-        Ok(DefinitionSummary {
-            id: WorkflowId(self.id),
-            version: u32_of("workflow.version", self.version)?,
-            tasks: u32_of("task count", self.tasks)?,
-            created_at: time("workflow.created_at", self.created_at)?,
-            name: self.name,
-            fingerprint: self.fingerprint,
-        })
-    }
 }
 
 /// Rebuilds and re-validates a definition from its rows.
@@ -195,7 +138,12 @@ fn assemble(w: WorkflowRow, rows: Vec<TaskRow>) -> Result<Published, LoadError> 
 
 impl SqliteStore {
     async fn load(&self, id: WorkflowId) -> Result<Option<Published>, LoadError> {
-        let rows = self.inner.read().await?.call(padded(sql(LOAD).bind(id.0))).await?;
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(padded(sql(queries::LOAD_DEFINITION).bind(id.0)))
+            .await?;
         let Some(w) = tagged(&rows, 0).next() else {
             return Ok(None);
         };
@@ -219,7 +167,7 @@ impl DefinitionStore for SqliteStore {
             .write()
             .await?
             .call_sqlx(padded(
-                sql(PUBLISH)
+                sql(queries::PUBLISH_DEFINITION)
                     .bind(offset)
                     .bind(def.name().to_owned())
                     .bind(i64::from(def.version()))
@@ -284,7 +232,7 @@ impl DefinitionStore for SqliteStore {
             .read()
             .await?
             .call(
-                sql("SELECT id FROM workflow WHERE name = ?1 AND version = ?2")
+                sql(queries::FIND_WORKFLOW)
                     .bind(name.to_owned())
                     .bind(i64::from(version)),
             )
@@ -300,8 +248,10 @@ impl DefinitionStore for SqliteStore {
             .inner
             .read()
             .await?
-            .call(sql(LIST_DEFINITIONS).bind(name.map(str::to_owned)))
+            .call(sql(queries::LIST_DEFINITIONS).bind(name.map(str::to_owned)))
             .await?;
-        rows.iter().map(|r| decode::<SummaryRow>(r)?.into_summary()).collect()
+        rows.iter()
+            .map(|r| decode::<DefinitionRow>(r)?.into_summary())
+            .collect()
     }
 }

@@ -16,8 +16,9 @@ use std::sync::Arc;
 
 use flowforge_ports::{Dispatch, DispatchId, OutboxStore, OutboxSweep, Scope, TaskRunId, store};
 
-use crate::convert::run_id;
-use crate::convert::{decode, scope_key, time};
+use crate::queries;
+use crate::rows::run_id;
+use crate::rows::{decode, scope_key, time};
 use crate::store::{Inner, SqliteStore, ids_json, lock, padded, sql};
 
 #[derive(Debug, sqlx::FromRow)]
@@ -57,18 +58,6 @@ impl Drop for SqliteSweep {
     }
 }
 
-/// begin_sweep: unpublished rows, oldest first (`outbox_unpublished_idx`).
-pub(crate) const SWEEP: &str = "SELECT id, task_run_id, run_id, task_key, task_type, fencing_token, created_at FROM outbox \
-             WHERE published_at IS NULL AND (?1 IS NULL OR run_id IN (SELECT value FROM json_each(?1))) \
-             AND id NOT IN (SELECT value FROM json_each(?2)) ORDER BY id LIMIT ?3";
-
-/// sweep commit: the marks, in one call. `?2` the rows.
-pub(crate) const MARK_PUBLISHED: &str = concat!(
-    "BEGIN IMMEDIATE; UPDATE outbox SET published_at = ",
-    now!(),
-    " WHERE id IN (SELECT value FROM json_each(?2)) AND published_at IS NULL; COMMIT"
-);
-
 impl OutboxStore for SqliteStore {
     type Sweep = SqliteSweep;
 
@@ -80,7 +69,7 @@ impl OutboxStore for SqliteStore {
             .read()
             .await?
             .call(
-                sql(SWEEP)
+                sql(queries::SWEEP)
                     .bind(scope_key(&scope))
                     .bind(ids_json(&skip))
                     .bind(i64::from(limit)),
@@ -136,7 +125,9 @@ impl OutboxSweep for SqliteSweep {
         self.inner
             .write()
             .await?
-            .call(padded(sql(MARK_PUBLISHED).bind(offset).bind(ids_json(&marked))))
+            .call(padded(
+                sql(queries::MARK_PUBLISHED).bind(offset).bind(ids_json(&marked)),
+            ))
             .await?;
         Ok(())
     }

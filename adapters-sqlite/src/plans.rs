@@ -31,15 +31,11 @@ async fn hot_statements_use_their_indexes() {
         .await
         .expect("connect");
     let cases: [(&str, &'static str, &[&str]); 15] = [
-        ("claim", crate::runs::sql::CLAIM, &["INTEGER PRIMARY KEY"]),
-        (
-            "reaper",
-            crate::runs::sql::EXPIRED_LEASES,
-            &["taskrun_lease_expiry_idx"],
-        ),
+        ("claim", crate::queries::CLAIM_UPDATE, &["INTEGER PRIMARY KEY"]),
+        ("reaper", crate::queries::EXPIRED_LEASES, &["taskrun_lease_expiry_idx"]),
         (
             "runs_with_work",
-            crate::runs::sql::RUNS_WITH_WORK,
+            crate::queries::RUNS_WITH_WORK,
             // Runs are looked up by primary key from the candidates the
             // partial indexes give, so terminal runs are never walked and
             // PostgreSQL's workflowrun_active_idx has no query to serve here.
@@ -52,27 +48,35 @@ async fn hot_statements_use_their_indexes() {
         ),
         (
             "next_deadline",
-            crate::runs::sql::NEXT_DEADLINE,
+            crate::queries::NEXT_DEADLINE,
             &["taskrun_retry_due_idx", "taskrun_lease_expiry_idx"],
         ),
-        ("take_flagged", crate::pass::TAKE_FLAGGED, &["taskrun_needs_pass_idx"]),
+        (
+            "take_flagged",
+            crate::queries::TAKE_FLAGGED,
+            &["taskrun_needs_pass_idx"],
+        ),
         (
             "lower_pending",
-            crate::pass::LOWER_PENDING,
+            crate::queries::LOWER_PENDING,
             &["MATERIALIZE", "(run_id=? AND task_key=?)"],
         ),
         (
             "promote_ready",
-            crate::pass::PROMOTE_READY,
+            crate::queries::PROMOTE_READY,
             &["taskrun_active_idx (run_id=? AND state=? AND pending_deps=?)"],
         ),
-        ("promote_due", crate::pass::PROMOTE_DUE, &["taskrun_active_idx"]),
-        ("cancel_waiting", crate::pass::CANCEL_WAITING, &["taskrun_active_idx"]),
-        ("sweep", crate::outbox::SWEEP, &["outbox_unpublished_idx"]),
-        ("activity", crate::pass::ACTIVITY, &["taskrun_active_idx"]),
+        ("promote_due", crate::queries::PROMOTE_DUE, &["taskrun_active_idx"]),
+        (
+            "cancel_waiting",
+            crate::queries::CANCEL_WAITING,
+            &["taskrun_active_idx"],
+        ),
+        ("sweep", crate::queries::SWEEP, &["outbox_unpublished_idx"]),
+        ("activity", crate::queries::ACTIVITY, &["taskrun_active_idx"]),
         (
             "run_events",
-            crate::runs::sql::RUN_EVENTS,
+            crate::queries::RUN_EVENTS,
             &[
                 "taskrunevent_run_seq_idx (run_id=? AND seq>?)",
                 "workflowrunevent_run_seq_idx (run_id=? AND seq>?)",
@@ -80,13 +84,13 @@ async fn hot_statements_use_their_indexes() {
         ),
         (
             "list_runs_page",
-            crate::runs::sql::LIST_RUNS_PAGE,
+            crate::queries::LIST_RUNS_PAGE,
             &["SEARCH r USING INDEX workflowrun_created_id_idx ((created_at,id)<(?,?))"],
         ),
-        ("claim_ready", crate::runs::sql::READY_OF_TYPES, &["taskrun_ready_idx"]),
+        ("claim_ready", crate::queries::READY_OF_TYPES, &["taskrun_ready_idx"]),
         (
             "gauges",
-            crate::runs::sql::GAUGES,
+            crate::queries::GAUGES,
             &[
                 "taskrun_ready_idx",
                 "taskrun_lease_expiry_idx",
@@ -112,7 +116,7 @@ async fn every_call_prepares_and_scans_no_growing_table() {
     let store = SqliteStore::connect("sqlite::memory:", Arc::new(SystemClock))
         .await
         .expect("connect");
-    for (name, sql) in crate::multi_statement_calls() {
+    for (name, sql) in crate::queries::multi_statement_calls() {
         for statement in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
             if matches!(statement, "BEGIN" | "BEGIN IMMEDIATE" | "COMMIT") {
                 continue;

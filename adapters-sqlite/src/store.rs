@@ -30,10 +30,10 @@ use sqlx::sqlite::{SqliteArguments, SqliteConnectOptions, SqliteJournalMode, Sql
 use sqlx::{ConnectOptions, Connection, Sqlite, SqliteConnection};
 use tokio::sync::{OwnedMutexGuard, mpsc};
 
-use crate::convert::{col, offset_ms};
 use crate::error::{migrate_error, store_error};
 use crate::inputs::InputCache;
 use crate::notify::Wakeups;
+use crate::rows::{col, offset_ms};
 
 /// The schema, embedded in the binary.
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -662,7 +662,7 @@ mod tests {
 
     #[test]
     fn padding_covers_every_call() {
-        for (name, sql) in crate::multi_statement_calls() {
+        for (name, sql) in crate::queries::multi_statement_calls() {
             let needed = positional_slots(sql);
             assert!(needed < PAD, "{name} needs {needed} padding slots, PAD is {PAD}");
         }

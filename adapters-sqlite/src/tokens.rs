@@ -2,92 +2,13 @@
 //! its expiry and revocation, judged in store time.
 
 use flowforge_ports::TokenStore;
-use flowforge_ports::store::{self, NewToken, TokenError, TokenStatus, TokenView};
+use flowforge_ports::store::{self, NewToken, TokenError, TokenView};
 
-use crate::convert::{decode, duration_ms, json, opt_time, time};
-use crate::error::{DecodeError, is_unique_violation};
+use crate::error::is_unique_violation;
+use crate::queries;
+use crate::rows::TokenRow;
+use crate::rows::{decode, duration_ms};
 use crate::store::{Failure, SqliteStore, padded, sql};
-
-/// A token's columns, its status as of store now last (`?1` the offset):
-/// a revocation outranks an expiry.
-macro_rules! token_columns {
-    () => {
-        concat!(
-            "name, hash, scopes, created_at, expires_at, revoked_at, \
-             CASE WHEN revoked_at IS NOT NULL THEN 'revoked' WHEN expires_at <= ",
-            now!(),
-            " THEN 'expired' ELSE 'active' END AS status"
-        )
-    };
-}
-
-/// create_token in one call. `?2` name, `?3` hash, `?4` scopes (a JSON
-/// array), `?5` lifetime in ms (NULL: until revoked). A taken name breaks
-/// the primary key, which fails the call.
-pub(crate) const CREATE: &str = concat!(
-    "BEGIN IMMEDIATE; \
-     INSERT INTO api_token (name, hash, scopes, created_at, expires_at) VALUES (?2, ?3, ?4, ",
-    now!(),
-    ", ",
-    now!(),
-    " + ?5) RETURNING ",
-    token_columns!(),
-    "; COMMIT"
-);
-
-/// token_by_hash (`uniq_apitoken_hash`). `?2` hash.
-const BY_HASH: &str = concat!("SELECT ", token_columns!(), " FROM api_token WHERE hash = ?2");
-
-/// list_tokens, by name (primary key).
-const LIST: &str = concat!("SELECT ", token_columns!(), " FROM api_token ORDER BY name");
-
-/// revoke_token in one call: only a token not yet revoked. `?2` name.
-pub(crate) const REVOKE: &str = concat!(
-    "BEGIN IMMEDIATE; UPDATE api_token SET revoked_at = ",
-    now!(),
-    " WHERE name = ?2 AND revoked_at IS NULL RETURNING name; COMMIT"
-);
-
-#[derive(Debug, sqlx::FromRow)]
-struct TokenRow {
-    name: String,
-    hash: String,
-    scopes: String,
-    created_at: i64,
-    expires_at: Option<i64>,
-    revoked_at: Option<i64>,
-    status: String,
-}
-
-impl TokenRow {
-    fn into_view(self) -> Result<TokenView, DecodeError> {
-        let scopes =
-            serde_json::from_value(json("api_token.scopes", &self.scopes)?).map_err(|e| DecodeError::Json {
-                column: "api_token.scopes",
-                problem: e.to_string(),
-            })?;
-        let status = match self.status.as_str() {
-            "active" => TokenStatus::Active,
-            "expired" => TokenStatus::Expired,
-            "revoked" => TokenStatus::Revoked,
-            _ => {
-                return Err(DecodeError::UnknownName {
-                    column: "api_token status",
-                    value: self.status,
-                });
-            }
-        };
-        Ok(TokenView {
-            name: self.name,
-            hash: self.hash,
-            scopes,
-            created_at: time("api_token.created_at", self.created_at)?,
-            expires_at: opt_time("api_token.expires_at", self.expires_at)?,
-            revoked_at: opt_time("api_token.revoked_at", self.revoked_at)?,
-            status,
-        })
-    }
-}
 
 impl TokenStore for SqliteStore {
     async fn create_token(&self, token: &NewToken) -> Result<TokenView, TokenError> {
@@ -98,7 +19,7 @@ impl TokenStore for SqliteStore {
             .write()
             .await?
             .call_sqlx(padded(
-                sql(CREATE)
+                sql(queries::CREATE_TOKEN)
                     .bind(offset)
                     .bind(token.name.clone())
                     .bind(token.hash.clone())
@@ -124,7 +45,11 @@ impl TokenStore for SqliteStore {
             .inner
             .read()
             .await?
-            .call(sql(BY_HASH).bind(self.inner.offset()).bind(hash.to_owned()))
+            .call(
+                sql(queries::TOKEN_BY_HASH)
+                    .bind(self.inner.offset())
+                    .bind(hash.to_owned()),
+            )
             .await?;
         rows.first()
             .map(|r| Ok(decode::<TokenRow>(r)?.into_view()?))
@@ -136,7 +61,7 @@ impl TokenStore for SqliteStore {
             .inner
             .read()
             .await?
-            .call(sql(LIST).bind(self.inner.offset()))
+            .call(sql(queries::LIST_TOKENS).bind(self.inner.offset()))
             .await?;
         rows.iter().map(|r| Ok(decode::<TokenRow>(r)?.into_view()?)).collect()
     }
@@ -147,7 +72,7 @@ impl TokenStore for SqliteStore {
             .inner
             .write()
             .await?
-            .call(padded(sql(REVOKE).bind(offset).bind(name.to_owned())))
+            .call(padded(sql(queries::REVOKE_TOKEN).bind(offset).bind(name.to_owned())))
             .await?;
         Ok(!rows.is_empty())
     }

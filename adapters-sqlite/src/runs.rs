@@ -16,70 +16,18 @@ use flowforge_ports::store::resolve_generic_transition;
 use flowforge_ports::store::{Gauges, IdempotencyKey, KeyedStart, RunQuery};
 use flowforge_ports::{
     CancelOutcome, Claim, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore, RunSummary, Scope,
-    TaskInputs, TaskOutcome, TaskRunId, TaskRunView, Topic, TransitionError, WorkerId, WorkflowId, store,
+    TaskInputs, TaskOutcome, TaskRunId, Topic, TransitionError, WorkerId, WorkflowId, store,
 };
 use serde_json::{Map, Value};
 use sqlx::Row;
 
-use crate::convert::{
-    col, decode, duration_ms, json, name, opt_name, opt_time, run_id, run_key, scope_key, time, u32_of, u64_of,
-};
-use crate::error::{DecodeError, is_unique_violation, store_error};
+use crate::error::{is_unique_violation, store_error};
 use crate::notify::SqliteNotifier;
 use crate::pass::SqlitePass;
+use crate::queries;
+use crate::rows::{EventRow, SummaryRow, TaskRunRow};
+use crate::rows::{col, decode, duration_ms, json, name, run_id, run_key, scope_key, time, u32_of, u64_of};
 use crate::store::{Failure, SqliteStore, lock, padded, sql, tagged};
-
-pub(crate) mod sql;
-
-use sql::*;
-
-#[derive(Debug, sqlx::FromRow)]
-struct SummaryRow {
-    id: String,
-    workflow_id: i64,
-    name: String,
-    version: i64,
-    state: String,
-    cancel_requested: bool,
-    created_at: i64,
-    started_at: Option<i64>,
-    finished_at: Option<i64>,
-}
-
-impl SummaryRow {
-    fn into_summary(self) -> Result<RunSummary, DecodeError> {
-        Ok(RunSummary {
-            id: run_id(&self.id)?,
-            workflow_id: WorkflowId(self.workflow_id),
-            workflow: self.name,
-            version: u32_of("workflow.version", self.version)?,
-            state: name("workflow_run.state", &self.state)?,
-            cancel_requested: self.cancel_requested,
-            created_at: time("workflow_run.created_at", self.created_at)?,
-            started_at: opt_time("workflow_run.started_at", self.started_at)?,
-            finished_at: opt_time("workflow_run.finished_at", self.finished_at)?,
-        })
-    }
-}
-
-#[derive(Debug, sqlx::FromRow, serde::Deserialize)]
-struct TaskRunRow {
-    id: i64,
-    task_key: String,
-    compensate_for: Option<String>,
-    state: String,
-    attempt: i64,
-    fencing_token: i64,
-    cancel_reason: Option<String>,
-    result: Option<String>,
-    error: Option<String>,
-    started_at: Option<i64>,
-    finished_at: Option<i64>,
-    retry_at: Option<i64>,
-    lease_owner: Option<String>,
-    progress: Option<String>,
-    created_at: i64,
-}
 
 /// The rows a call returned as one JSON array under `tag` (see `GET_RUN`).
 fn aggregated<T: serde::de::DeserializeOwned>(
@@ -102,63 +50,6 @@ fn lease_status(rows: &[sqlx::sqlite::SqliteRow]) -> Result<LeaseStatus, store::
         },
         None => LeaseStatus::Lost,
     })
-}
-
-impl TaskRunRow {
-    fn into_view(self) -> Result<TaskRunView, DecodeError> {
-        Ok(TaskRunView {
-            id: TaskRunId(self.id),
-            key: self.task_key,
-            compensate_for: self.compensate_for,
-            state: name("task_run.state", &self.state)?,
-            attempt: u32_of("task_run.attempt", self.attempt)?,
-            token: self.fencing_token,
-            cancel_reason: opt_name("task_run.cancel_reason", self.cancel_reason.as_deref())?,
-            output: self.result.as_deref().map(|r| json("task_run.result", r)).transpose()?,
-            error: self.error,
-            started_at: opt_time("task_run.started_at", self.started_at)?,
-            finished_at: opt_time("task_run.finished_at", self.finished_at)?,
-            retry_at: opt_time("task_run.retry_at", self.retry_at)?,
-            lease_owner: self.lease_owner,
-            progress: self
-                .progress
-                .as_deref()
-                .map(|p| json("task_run.progress", p))
-                .transpose()?,
-            created_at: time("task_run.created_at", self.created_at)?,
-        })
-    }
-}
-
-#[derive(Debug, sqlx::FromRow, serde::Deserialize)]
-struct EventRow {
-    seq: i64,
-    task: Option<String>,
-    transition: String,
-    from_state: Option<String>,
-    to_state: Option<String>,
-    attempt: Option<i64>,
-    token: Option<i64>,
-    worker: Option<String>,
-    at: i64,
-    error: Option<String>,
-}
-
-impl EventRow {
-    fn into_view(self) -> Result<EventView, DecodeError> {
-        Ok(EventView {
-            seq: u64_of("event.seq", self.seq)?,
-            task: self.task,
-            transition: self.transition,
-            from: self.from_state,
-            to: self.to_state,
-            attempt: self.attempt.map(|a| u32_of("task_run_event.attempt", a)).transpose()?,
-            token: self.token,
-            worker: self.worker,
-            at: time("event.at", self.at)?,
-            error: self.error,
-        })
-    }
 }
 
 #[derive(Debug, sqlx::FromRow)]
@@ -204,11 +95,9 @@ impl SqliteStore {
             serde_json::to_string(&input).map_err(|e| store::Error::Other(format!("cannot encode input: {e}")))?;
         let tasks = {
             let mut reader = self.inner.read().await?;
-            let rows = reader.call(sql(START_TASKS).bind(workflow.0)).await?;
+            let rows = reader.call(sql(queries::START_TASKS).bind(workflow.0)).await?;
             if rows.is_empty() {
-                let exists = reader
-                    .call(sql("SELECT id FROM workflow WHERE id = ?1").bind(workflow.0))
-                    .await?;
+                let exists = reader.call(sql(queries::WORKFLOW_EXISTS).bind(workflow.0)).await?;
                 return Err(if exists.is_empty() {
                     store::Error::Other(format!("no workflow definition with id {workflow}"))
                 } else {
@@ -232,7 +121,11 @@ impl SqliteStore {
         }
         let rows = serde_json::to_string(&rows).map_err(|e| store::Error::Other(e.to_string()))?;
         let offset = self.inner.offset();
-        let text = if key.is_some() { START_KEYED_CALL } else { START_CALL };
+        let text = if key.is_some() {
+            queries::START_RUN_KEYED
+        } else {
+            queries::START_RUN
+        };
         let mut query = sql(text)
             .bind(offset)
             .bind(&run_text)
@@ -262,7 +155,7 @@ impl SqliteStore {
             .inner
             .read()
             .await?
-            .call(sql(KEYED_RUN).bind(key.key.clone()))
+            .call(sql(queries::KEYED_RUN).bind(key.key.clone()))
             .await?;
         let Some(row) = rows.first() else {
             return Ok(None);
@@ -295,7 +188,7 @@ impl RunStore for SqliteStore {
             .inner
             .write()
             .await?
-            .call(padded(sql(REQUEST_CANCEL).bind(offset).bind(&key)))
+            .call(padded(sql(queries::REQUEST_CANCEL).bind(offset).bind(&key)))
             .await?;
         // The UPDATE applied exactly when the run read here was pending or
         // running without a request.
@@ -331,7 +224,7 @@ impl RunStore for SqliteStore {
             .write()
             .await?
             .call(padded(
-                sql(CLAIM_CALL)
+                sql(queries::CLAIM)
                     .bind(offset)
                     .bind(id.0)
                     .bind(token)
@@ -373,7 +266,7 @@ impl RunStore for SqliteStore {
             .inner
             .read()
             .await?
-            .call(sql(READY_OF_TYPES).bind(types).bind(i64::from(max)))
+            .call(sql(queries::READY_OF_TYPES).bind(types).bind(i64::from(max)))
             .await?;
         // Each candidate is claimed at the token it was read at: one that
         // a dispatch or another poller took meanwhile no longer matches
@@ -393,7 +286,7 @@ impl RunStore for SqliteStore {
             .inner
             .read()
             .await?
-            .call(sql(DISPATCH_IS_CURRENT).bind(id.0).bind(token))
+            .call(sql(queries::DISPATCH_IS_CURRENT).bind(id.0).bind(token))
             .await?;
         match rows.first() {
             Some(row) => col(row, 0),
@@ -416,7 +309,7 @@ impl RunStore for SqliteStore {
             .write()
             .await?
             .call(padded(
-                sql(REPORT_PROGRESS)
+                sql(queries::REPORT_PROGRESS)
                     .bind(offset)
                     .bind(id.0)
                     .bind(token)
@@ -457,7 +350,7 @@ impl RunStore for SqliteStore {
             .read()
             .await?
             .call(
-                sql(TASK_INPUTS)
+                sql(queries::TASK_INPUTS)
                     .bind(&key)
                     .bind(&wanted)
                     .bind(i64::try_from(limit).unwrap_or(i64::MAX)),
@@ -504,7 +397,11 @@ impl RunStore for SqliteStore {
             .write()
             .await?
             .call(padded(
-                sql(RENEW).bind(offset).bind(id.0).bind(token).bind(duration_ms(lease)),
+                sql(queries::RENEW_LEASE)
+                    .bind(offset)
+                    .bind(id.0)
+                    .bind(token)
+                    .bind(duration_ms(lease)),
             ))
             .await?;
         lease_status(&rows)
@@ -525,17 +422,19 @@ impl RunStore for SqliteStore {
                 let output = serde_json::to_string(&output)
                     .map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;
                 stored = Some(output.clone());
-                (base(FINISH_SUCCEEDED).bind(output), TaskRunState::Succeeded)
+                (base(queries::FINISH_SUCCEEDED).bind(output), TaskRunState::Succeeded)
             }
-            TaskOutcome::Failed { error, retry_in: None } => (base(FINISH_FAILED).bind(error), TaskRunState::Failed),
+            TaskOutcome::Failed { error, retry_in: None } => {
+                (base(queries::FINISH_FAILED).bind(error), TaskRunState::Failed)
+            }
             TaskOutcome::Failed {
                 error,
                 retry_in: Some(delay),
             } => (
-                base(FINISH_RETRY).bind(error).bind(duration_ms(delay)),
+                base(queries::FINISH_RETRY).bind(error).bind(duration_ms(delay)),
                 TaskRunState::Retrying,
             ),
-            TaskOutcome::Cancelled => (base(FINISH_CANCELLED), TaskRunState::Cancelled),
+            TaskOutcome::Cancelled => (base(queries::FINISH_CANCELLED), TaskRunState::Cancelled),
         };
         let rows = self.inner.write().await?.call(padded(query)).await?;
         if let (Some(output), Some(row)) = (stored, rows.first()) {
@@ -567,10 +466,10 @@ impl RunStore for SqliteStore {
         let edge = resolve_generic_transition(from, to)?;
         let offset = self.inner.offset();
         let (text, makes_ready): (&'static str, bool) = match edge {
-            TaskTransition::DependenciesSatisfied => (GENERIC_SATISFIED, true),
-            TaskTransition::RetryReady => (GENERIC_RETRY_READY, true),
+            TaskTransition::DependenciesSatisfied => (queries::GENERIC_SATISFIED, true),
+            TaskTransition::RetryReady => (queries::GENERIC_RETRY_READY, true),
             TaskTransition::CancelPending | TaskTransition::CancelReady | TaskTransition::CancelRetrying => {
-                (GENERIC_CANCEL, false)
+                (queries::GENERIC_CANCEL, false)
             }
             other => {
                 return Err(TransitionError::Store(store::Error::Other(format!(
@@ -610,7 +509,7 @@ impl RunStore for SqliteStore {
             .read()
             .await?
             .call(
-                sql(EXPIRED_LEASES)
+                sql(queries::EXPIRED_LEASES)
                     .bind(self.inner.offset())
                     .bind(scope_key(&scope))
                     .bind(i64::from(limit)),
@@ -634,7 +533,7 @@ impl RunStore for SqliteStore {
             .inner
             .write()
             .await?
-            .call(padded(sql(REAP_CALL).bind(offset).bind(batch).bind(FINAL)))
+            .call(padded(sql(queries::REAP).bind(offset).bind(batch).bind(FINAL)))
             .await?;
         let mut outcome = std::collections::HashMap::with_capacity(done.len());
         for row in &done {
@@ -683,7 +582,7 @@ impl RunStore for SqliteStore {
             .read()
             .await?
             .call(
-                sql(RUNS_WITH_WORK)
+                sql(queries::RUNS_WITH_WORK)
                     .bind(self.inner.offset())
                     .bind(scope_key(&scope))
                     .bind(i64::from(limit)),
@@ -699,7 +598,11 @@ impl RunStore for SqliteStore {
             .inner
             .read()
             .await?
-            .call(sql(NEXT_DEADLINE).bind(self.inner.offset()).bind(scope_key(&scope)))
+            .call(
+                sql(queries::NEXT_DEADLINE)
+                    .bind(self.inner.offset())
+                    .bind(scope_key(&scope)),
+            )
             .await?;
         let wait: Option<i64> = match rows.first() {
             Some(row) => col(row, 0)?,
@@ -715,7 +618,12 @@ impl RunStore for SqliteStore {
     async fn get_run(&self, run: RunId) -> Result<Option<RunDetail>, store::Error> {
         let key = run_key(run);
         // One read transaction: a consistent snapshot of run, tasks and history.
-        let rows = self.inner.read().await?.call(padded(sql(GET_RUN).bind(&key))).await?;
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(padded(sql(queries::GET_RUN).bind(&key)))
+            .await?;
         let Some(first) = tagged(&rows, 0).next() else {
             return Ok(None);
         };
@@ -749,7 +657,7 @@ impl RunStore for SqliteStore {
             .inner
             .read()
             .await?
-            .call(sql(LIST_RUNS).bind(i64::from(limit)))
+            .call(sql(queries::LIST_RUNS).bind(i64::from(limit)))
             .await?;
         rows.iter()
             .map(|r| Ok(decode::<SummaryRow>(r)?.into_summary()?))
@@ -793,7 +701,7 @@ impl RunStore for SqliteStore {
             .read()
             .await?
             .call(
-                sql(LIST_RUNS_PAGE)
+                sql(queries::LIST_RUNS_PAGE)
                     .bind(query.after.map(|c| c.created_at.timestamp_millis()))
                     .bind(query.after.map(|c| run_key(c.id)))
                     .bind(states)
@@ -813,7 +721,7 @@ impl RunStore for SqliteStore {
             .inner
             .read()
             .await?
-            .call(sql(RUN_SUMMARY).bind(run_key(run)))
+            .call(sql(queries::RUN_SUMMARY).bind(run_key(run)))
             .await?;
         rows.first()
             .map(|r| Ok(decode::<SummaryRow>(r)?.into_summary()?))
@@ -826,7 +734,7 @@ impl RunStore for SqliteStore {
             .read()
             .await?
             .call(
-                sql(RUN_EVENTS)
+                sql(queries::RUN_EVENTS)
                     .bind(run_key(run))
                     .bind(i64::try_from(after).unwrap_or(i64::MAX))
                     .bind(i64::from(limit)),
@@ -836,7 +744,7 @@ impl RunStore for SqliteStore {
     }
 
     async fn gauges(&self) -> Result<Gauges, store::Error> {
-        let rows = self.inner.read().await?.call(sql(GAUGES)).await?;
+        let rows = self.inner.read().await?.call(sql(queries::GAUGES)).await?;
         let Some(row) = rows.first() else {
             return Err(store::Error::Other("the gauges query returned no row".into()));
         };

@@ -1,4 +1,4 @@
-//! The SQL of the run store: each transition's conditional UPDATE and its
+//! The run store's statements: each transition's conditional UPDATE and its
 //! event row, sent as one `BEGIN IMMEDIATE … COMMIT` call.
 
 macro_rules! summary_columns {
@@ -31,10 +31,10 @@ macro_rules! claim_update {
 
 /// The claim's UPDATE alone (its plan is checked in `plans.rs`).
 #[cfg(test)]
-pub(crate) const CLAIM: &str = claim_update!();
+pub(crate) const CLAIM_UPDATE: &str = claim_update!();
 
 /// claim_task_run in one call: the UPDATE, then its event when it matched.
-pub(crate) const CLAIM_CALL: &str = concat!(
+pub(crate) const CLAIM: &str = concat!(
     "BEGIN IMMEDIATE; ",
     claim_update!(),
     "; ",
@@ -120,7 +120,7 @@ macro_rules! renewed {
 }
 
 /// renew_lease: `?2` id, `?3` token, `?4` lease in ms.
-pub(crate) const RENEW: &str = concat!(
+pub(crate) const RENEW_LEASE: &str = concat!(
     "BEGIN IMMEDIATE; UPDATE task_run SET lease_expires_at = ",
     now!(),
     " + ?4",
@@ -223,7 +223,7 @@ pub(crate) const GENERIC_CANCEL: &str = concat!(
 
 /// start_run: the forward tasks of a definition (immutable once
 /// published, so read outside the write).
-pub(super) const START_TASKS: &str = "SELECT key, json_array_length(depends_on) FROM task \
+pub(crate) const START_TASKS: &str = "SELECT key, json_array_length(depends_on) FROM task \
      WHERE workflow_id = ?1 AND compensate_for IS NULL ORDER BY position";
 
 /// start_run's writes, without the transaction around them: `?2` run, `?3`
@@ -253,13 +253,13 @@ macro_rules! start_writes {
 
 /// start_run in one call: `?2` run, `?3` workflow, `?4` input, `?5` the
 /// task rows; returns one row per dispatch written.
-pub(crate) const START_CALL: &str = concat!("BEGIN IMMEDIATE; ", start_writes!(), "COMMIT");
+pub(crate) const START_RUN: &str = concat!("BEGIN IMMEDIATE; ", start_writes!(), "COMMIT");
 
 /// start_run_keyed in one call: start_run's, with the key `?6` and request
 /// hash `?7` recorded beside the run. A key already recorded breaks
 /// `run_idempotency`'s primary key, which fails the call and rolls the run
 /// back.
-pub(crate) const START_KEYED_CALL: &str = concat!(
+pub(crate) const START_RUN_KEYED: &str = concat!(
     "BEGIN IMMEDIATE; ",
     start_writes!(
         "INSERT INTO run_idempotency (key, request_hash, run_id, created_at) VALUES (?6, ?7, ?2, ",
@@ -271,7 +271,7 @@ pub(crate) const START_KEYED_CALL: &str = concat!(
 
 /// start_run_keyed: the run a key started, and the hash of the request it
 /// came with (primary key). `?1` key.
-pub(super) const KEYED_RUN: &str = "SELECT request_hash, run_id FROM run_idempotency WHERE key = ?1";
+pub(crate) const KEYED_RUN: &str = "SELECT request_hash, run_id FROM run_idempotency WHERE key = ?1";
 
 /// reap_expired_leases: the expired leases (`taskrun_lease_expiry_idx`),
 /// read outside the write; the write re-checks each row.
@@ -334,7 +334,7 @@ macro_rules! reap_kind {
 /// before the UPDATE, from the same rows, with the token and attempt the
 /// UPDATE gives them, in the order the rows were read. `?3` the final
 /// attempt's error.
-pub(crate) const REAP_CALL: &str = concat!(
+pub(crate) const REAP: &str = concat!(
     "BEGIN IMMEDIATE; ",
     event_insert!(),
     "SELECT ",
@@ -480,7 +480,7 @@ pub(crate) const GET_RUN: &str = concat!(
 pub(crate) const RUN_EVENTS: &str = concat!(history!("", " AND seq > ?2"), " LIMIT ?3");
 
 /// list_runs: newest first (`workflowrun_created_id_idx`).
-pub(super) const LIST_RUNS: &str = concat!(
+pub(crate) const LIST_RUNS: &str = concat!(
     "SELECT ",
     summary_columns!(),
     " FROM workflow_run r JOIN workflow w ON w.id = r.workflow_id ORDER BY r.created_at DESC, r.id DESC LIMIT ?1"
@@ -504,7 +504,7 @@ pub(crate) const LIST_RUNS_PAGE: &str = concat!(
 );
 
 /// run_summary: one run by primary key. `?1` run.
-pub(super) const RUN_SUMMARY: &str = concat!(
+pub(crate) const RUN_SUMMARY: &str = concat!(
     "SELECT ",
     summary_columns!(),
     " FROM workflow_run r JOIN workflow w ON w.id = r.workflow_id WHERE r.id = ?1"
@@ -518,3 +518,7 @@ pub(crate) const GAUGES: &str = "SELECT \
      (SELECT count(*) FROM task_run WHERE state = 'running'), \
      (SELECT count(*) FROM outbox WHERE published_at IS NULL), \
      (SELECT count(*) FROM workflow_run WHERE state IN ('pending', 'running'))";
+
+/// start_run, when the workflow has no forward task rows: whether it
+/// exists at all (primary key). `?1` the workflow.
+pub(crate) const WORKFLOW_EXISTS: &str = "SELECT id FROM workflow WHERE id = ?1";

@@ -1,0 +1,549 @@
+//! The run store's statements: starting runs, every task-run transition
+//! with its event row in the same statement, reaping, reading runs back.
+
+/// start_run: the run, one task run per forward task (ready without
+/// dependencies, else pending) and one outbox row per ready task run, in
+/// one statement. `$1` offset, `$2` run id, `$3` workflow
+/// id, `$4` input.
+pub const START_RUN: &str = concat!(
+    "WITH run AS (
+    INSERT INTO workflow_run (id, workflow_id, state, input, created_at)
+    SELECT $2, w.id, 'pending', $4, ",
+    now!(),
+    " FROM workflow AS w WHERE w.id = $3
+    RETURNING id, workflow_id, created_at
+), created AS (
+    INSERT INTO task_run (run_id, task_key, state, pending_deps, created_at)
+    SELECT run.id, t.key,
+           CASE WHEN jsonb_array_length(t.depends_on) = 0 THEN 'ready' ELSE 'pending' END,
+           jsonb_array_length(t.depends_on), run.created_at
+    FROM run JOIN task AS t ON t.workflow_id = run.workflow_id
+    WHERE t.compensate_for IS NULL
+    ORDER BY t.position
+    RETURNING id, run_id, task_key, state, fencing_token
+), dispatched AS (
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    SELECT c.id, c.run_id, c.task_key, t.task_type, c.fencing_token, ",
+    now!(),
+    "
+    FROM created AS c JOIN task AS t ON t.workflow_id = $3 AND t.key = c.task_key
+    WHERE c.state = 'ready'
+    ORDER BY c.id
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM run) > 0 AS created, ",
+    any_row!("dispatched"),
+    " AS woke_publisher, ",
+    any_row!("run"),
+    " AS woke_scheduler"
+);
+
+/// The `claim` edge's SET list, shared by both claims: running, token + 1,
+/// the lease to `$4` until now + `$5`, `started_at = COALESCE(started_at,
+/// now)`, the last attempt's progress cleared, and the run flagged when
+/// this is the first start of a task in a still-pending run. Needs the run
+/// as `wr`.
+macro_rules! claim_set {
+    () => {
+        concat!(
+            "SET state = 'running',
+        fencing_token = tr.fencing_token + 1,
+        lease_owner = $4,
+        lease_expires_at = ",
+            now!(),
+            " + $5::interval,
+        started_at = COALESCE(tr.started_at, ",
+            now!(),
+            "),
+        progress = NULL,
+        needs_pass = tr.needs_pass OR (wr.state = 'pending' AND tr.started_at IS NULL)"
+        )
+    };
+}
+
+/// What a claim returns, its `claim` event, and the claims as rows
+/// (closes the `claimed` CTE).
+macro_rules! claim_tail {
+    () => {
+        concat!(
+            "
+    RETURNING tr.id, tr.run_id, wr.workflow_id, tr.task_key, tr.compensate_for, tr.attempt, tr.fencing_token,
+              tr.lease_expires_at, wr.state = 'pending' AS run_pending
+), event AS (
+    ",
+            event_insert!(),
+            "SELECT id, run_id, task_key, 'claim', 'ready', 'running', attempt, fencing_token, $4, ",
+            now!(),
+            ", NULL FROM claimed ORDER BY id
+)
+SELECT c.id, c.run_id, c.workflow_id, c.task_key, c.compensate_for, c.attempt, c.fencing_token, c.lease_expires_at,
+       c.run_pending AS woke_scheduler
+FROM claimed AS c ORDER BY c.id"
+        )
+    };
+}
+
+/// claim_task_run: ready → running at the dispatch's token, refusing a
+/// forward task of a cancel-requested run; the event in the same
+/// statement. `$1` offset, `$2` id, `$3` token, `$4` worker, `$5` lease.
+pub const CLAIM: &str = concat!(
+    "WITH claimed AS (
+    UPDATE task_run AS tr
+    ",
+    claim_set!(),
+    "
+    FROM workflow_run AS wr
+    WHERE tr.id = $2 AND tr.state = 'ready' AND tr.fencing_token = $3
+      AND wr.id = tr.run_id
+      -- A cancel request stops forward tasks; a rollback goes on
+      -- (docs/design/cancellation.md#rollbacks-are-not-interrupted).
+      AND (wr.cancel_requested_at IS NULL OR tr.compensate_for IS NOT NULL)",
+    claim_tail!()
+);
+
+/// claim_ready: the `claim` edge of [`CLAIM`] for up to `$3` ready rows of
+/// the task types `$2`, oldest first, skipping rows another claimer holds
+/// (`taskrun_ready_idx`). `$1` offset, `$2` task types, `$3` most rows,
+/// `$4` worker, `$5` lease.
+pub const CLAIM_READY: &str = concat!(
+    "WITH picked AS (
+    SELECT tr.id
+    FROM task_run AS tr
+    JOIN workflow_run AS wr ON wr.id = tr.run_id
+    JOIN task AS t ON t.workflow_id = wr.workflow_id AND t.key = tr.task_key
+    WHERE tr.state = 'ready' AND t.task_type = ANY($2)
+      AND (wr.cancel_requested_at IS NULL OR tr.compensate_for IS NOT NULL)
+    ORDER BY tr.id
+    LIMIT $3
+    FOR UPDATE OF tr SKIP LOCKED
+), claimed AS (
+    UPDATE task_run AS tr
+    ",
+    claim_set!(),
+    "
+    FROM picked, workflow_run AS wr
+    WHERE tr.id = picked.id AND tr.state = 'ready' AND wr.id = tr.run_id",
+    claim_tail!()
+);
+
+/// dispatch_is_current: the row is ready at the dispatch's token. `$1` id,
+/// `$2` token.
+pub const DISPATCH_IS_CURRENT: &str =
+    "SELECT EXISTS (SELECT 1 FROM task_run WHERE id = $1 AND state = 'ready' AND fencing_token = $2)";
+
+/// report_progress: [`RENEW_LEASE`] that also stores the attempt's
+/// progress. `$1` offset, `$2` id, `$3` token, `$4` lease, `$5` progress.
+pub const REPORT_PROGRESS: &str = concat!(
+    "UPDATE task_run AS tr SET lease_expires_at = ",
+    now!(),
+    " + $4::interval, progress = $5
+FROM workflow_run AS wr
+WHERE tr.id = $2 AND tr.state = 'running' AND tr.fencing_token = $3 AND wr.id = tr.run_id
+RETURNING wr.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL AS cancel_requested"
+);
+
+/// renew_lease: extends the lease while the token holds it, reporting a
+/// cancel request to forward tasks (a compensator finishes its step). `$1` offset, `$2` id, `$3` token, `$4` lease.
+pub const RENEW_LEASE: &str = concat!(
+    "UPDATE task_run AS tr SET lease_expires_at = ",
+    now!(),
+    " + $4::interval
+FROM workflow_run AS wr
+WHERE tr.id = $2 AND tr.state = 'running' AND tr.fencing_token = $3 AND wr.id = tr.run_id
+RETURNING wr.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL AS cancel_requested"
+);
+
+/// finish_task_run: a lease-spending edge (`succeed`, `fail`,
+/// `cancel_running`) at the presented token, clearing the lease and
+/// flagging the row; when the token no longer matches, the
+/// `stale_write_rejected` audit event instead — both in one statement. An
+/// outcome without an error keeps the row's last error, as SQLite does (a
+/// task that succeeded on a retry still reports why the attempt before
+/// failed).
+/// `$1` offset, `$2` id, `$3` token, `$4` worker, `$5`
+/// target state, `$6` transition, `$7` output (JSON text), `$8` error, `$9`
+/// cancel reason, `$10` the most stale-write audits one task run keeps.
+pub const FINISH: &str = concat!(
+    "WITH done AS (
+    UPDATE task_run
+    SET state = $5, lease_owner = NULL, lease_expires_at = NULL, finished_at = ",
+    now!(),
+    ",
+        result = $7::jsonb, result_bytes = octet_length($7::text), error = COALESCE($8, error), cancel_reason = $9,
+        needs_pass = true
+    WHERE id = $2 AND state = 'running' AND fencing_token = $3
+    RETURNING id, run_id, task_key, attempt, fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, $6, 'running', $5, attempt, fencing_token, $4, ",
+    now!(),
+    ", $8 FROM done
+), stale AS (
+    ",
+    event_insert!(),
+    "SELECT tr.id, tr.run_id, tr.task_key, 'stale_write_rejected', NULL, NULL, tr.attempt, $3, $4, ",
+    now!(),
+    ",
+           'rejected ' || $6 || ' with fencing token ' || $3::text || ': the row is ' || tr.state
+           || ' at token ' || tr.fencing_token::text
+    FROM task_run AS tr
+    WHERE tr.id = $2 AND NOT EXISTS (SELECT 1 FROM done)
+      AND (SELECT count(*) FROM task_run_event AS e
+           WHERE e.task_run_id = $2 AND e.transition = 'stale_write_rejected') < $10
+)
+SELECT (SELECT count(*) FROM done) > 0 AS recorded, ",
+    any_row!("done"),
+    " AS woke_scheduler"
+);
+
+/// finish_task_run, a failure with attempts left: `schedule_retry` in the
+/// failing transaction — attempt + 1, `retry_at`, and `finished_at` and the
+/// lease cleared in the same statement. `$1` offset, `$2` id, `$3` token,
+/// `$4` retry delay, `$5` worker.
+pub const SCHEDULE_RETRY: &str = concat!(
+    "WITH retried AS (
+    UPDATE task_run
+    SET state = 'retrying', attempt = attempt + 1, retry_at = ",
+    now!(),
+    " + $4::interval,
+        finished_at = NULL, lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = $2 AND state = 'failed' AND fencing_token = $3
+    RETURNING id, run_id, task_key, attempt, fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, 'schedule_retry', 'failed', 'retrying', attempt, fencing_token, $5, ",
+    now!(),
+    ", NULL FROM retried
+)
+SELECT count(*) FROM retried"
+);
+
+/// transition_task_run for `dependencies_satisfied` and `retry_ready`:
+/// → ready, with its outbox row. `$1` offset, `$2` id, `$3`
+/// source state, `$4` transition.
+pub const GENERIC_TO_READY: &str = concat!(
+    "WITH moved AS (
+    UPDATE task_run SET state = 'ready', pending_deps = 0, retry_at = NULL
+    WHERE id = $2 AND state = $3
+    RETURNING id, run_id, task_key, attempt, fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, $4, $3, 'ready', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM moved
+), dispatched AS (
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
+    now!(),
+    "
+    FROM moved AS m
+    JOIN workflow_run AS wr ON wr.id = m.run_id
+    JOIN task AS t ON t.workflow_id = wr.workflow_id AND t.key = m.task_key
+    ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM moved) > 0 AS moved, ",
+    any_row!("dispatched"),
+    " AS woke"
+);
+
+/// transition_task_run for `cancel_pending`, `cancel_ready` and
+/// `cancel_retrying` (reason `user`), flagging the row for the scheduler.
+/// `$1` offset, `$2` id, `$3` source state, `$4` transition.
+pub const GENERIC_CANCEL: &str = concat!(
+    "WITH moved AS (
+    UPDATE task_run
+    SET state = 'cancelled', cancel_reason = 'user', finished_at = ",
+    now!(),
+    ", retry_at = NULL, needs_pass = true
+    WHERE id = $2 AND state = $3
+    RETURNING id, run_id, task_key, attempt, fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, $4, $3, 'cancelled', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM moved
+)
+SELECT (SELECT count(*) FROM moved) > 0 AS moved, ",
+    any_row!("moved"),
+    " AS woke"
+);
+
+/// Whether the reaper sends a row back to ready (`reap_lease`): attempts
+/// remain, or it is a forward task of a cancel-requested run, which
+/// `REAP_CANCEL` then cancels — even on its final attempt, so the run ends
+/// cancelled, not failed (docs/design/cancellation.md#reaping-a-cancelled-run).
+macro_rules! reaped_to_ready {
+    () => {
+        "(tr.attempt < t.max_attempts OR (wr.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL))"
+    };
+}
+
+/// reap_expired_leases: one conditional UPDATE over the expired leases it
+/// read, each still `running`, still expired and still at the token read —
+/// so a row a worker has just finished is never touched. Bumps the token;
+/// `reap_lease` (attempt + 1, outbox row unless it is a forward task of a
+/// cancel-requested run) when attempts remain or the run is
+/// cancel-requested, else `reap_lease_final`. Its event names the worker
+/// whose lease expired, read before the UPDATE clears it. The
+/// candidate scan is served by `taskrun_lease_expiry_idx`. `$1` offset, `$2`
+/// limit, `$3` run (NULL: every run).
+pub const REAP: &str = concat!(
+    "WITH candidate AS (
+    SELECT tr.id, tr.fencing_token, tr.lease_owner
+    FROM task_run AS tr
+    WHERE tr.state = 'running' AND tr.lease_expires_at < ",
+    now!(),
+    "
+      AND ($3::uuid[] IS NULL OR tr.run_id = ANY($3))
+    ORDER BY tr.lease_expires_at
+    LIMIT $2
+), reaped AS (
+    UPDATE task_run AS tr
+    SET state = CASE WHEN ",
+    reaped_to_ready!(),
+    " THEN 'ready' ELSE 'failed' END,
+        fencing_token = tr.fencing_token + 1,
+        attempt = CASE WHEN ",
+    reaped_to_ready!(),
+    " THEN tr.attempt + 1 ELSE tr.attempt END,
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        finished_at = CASE WHEN ",
+    reaped_to_ready!(),
+    " THEN NULL ELSE ",
+    now!(),
+    " END,
+        error = CASE WHEN ",
+    reaped_to_ready!(),
+    " THEN tr.error ELSE 'lease expired on the final attempt' END,
+        needs_pass = tr.needs_pass OR NOT ",
+    reaped_to_ready!(),
+    "
+    FROM candidate AS c, workflow_run AS wr, task AS t
+    WHERE tr.id = c.id AND tr.fencing_token = c.fencing_token
+      AND tr.state = 'running' AND tr.lease_expires_at < ",
+    now!(),
+    "
+      AND wr.id = tr.run_id AND t.workflow_id = wr.workflow_id AND t.key = tr.task_key
+    RETURNING tr.id, tr.run_id, tr.task_key, tr.state, tr.attempt, tr.fencing_token, tr.error, t.task_type,
+              tr.compensate_for, c.lease_owner AS lost_worker,
+              wr.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL AS cancel_requested
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, CASE WHEN state = 'ready' THEN 'reap_lease' ELSE 'reap_lease_final' END,
+           'running', state, attempt, fencing_token, lost_worker, ",
+    now!(),
+    ", CASE WHEN state = 'ready' THEN 'lease expired' ELSE error END
+    -- By run first: each event locks its run's sequence counter, and two
+    -- reapers must take the counters of the runs they share in one order.
+    FROM reaped ORDER BY run_id, id
+), dispatched AS (
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    SELECT id, run_id, task_key, task_type, fencing_token, ",
+    now!(),
+    "
+    FROM reaped WHERE state = 'ready' AND NOT cancel_requested
+    ORDER BY id
+    ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
+    RETURNING id
+)
+SELECT id, run_id, task_key, state, task_type, compensate_for, CASE WHEN state = 'ready' THEN NULL ELSE error END AS error,
+       cancel_requested, (SELECT count(*) FROM dispatched) AS dispatched,
+       CASE WHEN state = 'ready' THEN attempt - 1 ELSE attempt END AS lost_attempt,
+       fencing_token - 1 AS lost_token
+FROM reaped ORDER BY id"
+);
+
+/// reap_expired_leases, for forward tasks of a cancel-requested run:
+/// `cancel_ready` on the rows just reaped, in the reaper's transaction, with no dispatch. `$1`
+/// offset, `$2` ids.
+pub const REAP_CANCEL: &str = concat!(
+    "WITH cancelled AS (
+    UPDATE task_run
+    SET state = 'cancelled', cancel_reason = 'user', finished_at = ",
+    now!(),
+    ", needs_pass = true
+    WHERE id = ANY($2) AND state = 'ready'
+    RETURNING id, run_id, task_key, attempt, fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, 'cancel_ready', 'ready', 'cancelled', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM cancelled ORDER BY id
+)
+SELECT id FROM cancelled"
+);
+
+/// runs_with_work: runs with a flagged task run (`taskrun_needs_pass_idx`),
+/// a due retry (`taskrun_retry_due_idx`) or an unhandled cancel request
+/// (`workflowrun_needs_pass_idx`); terminal runs excluded by primary key.
+/// `$1` offset, `$2` limit, `$3` run (NULL: every run).
+pub const RUNS_WITH_WORK: &str = concat!(
+    "SELECT wr.id FROM workflow_run AS wr
+WHERE wr.state IN ('pending', 'running') AND wr.id IN (
+    SELECT run_id FROM task_run WHERE needs_pass AND ($3::uuid[] IS NULL OR run_id = ANY($3))
+    UNION
+    SELECT run_id FROM task_run
+    WHERE state = 'retrying' AND retry_at <= ",
+    now!(),
+    " AND ($3::uuid[] IS NULL OR run_id = ANY($3))
+    UNION
+    SELECT id FROM workflow_run WHERE needs_pass AND ($3::uuid[] IS NULL OR id = ANY($3))
+)
+ORDER BY wr.id
+LIMIT $2"
+);
+
+/// next_deadline: seconds until the earliest `retry_at`
+/// (`taskrun_retry_due_idx`) or `lease_expires_at`
+/// (`taskrun_lease_expiry_idx`). `$1` offset, `$2` run (NULL: every run).
+pub const NEXT_DEADLINE: &str = concat!(
+    "SELECT EXTRACT(EPOCH FROM (LEAST(
+    (SELECT min(retry_at) FROM task_run WHERE state = 'retrying' AND ($2::uuid[] IS NULL OR run_id = ANY($2))),
+    (SELECT min(lease_expires_at) FROM task_run WHERE state = 'running' AND ($2::uuid[] IS NULL OR run_id = ANY($2)))
+) - ",
+    now!(),
+    "))::float8"
+);
+
+/// request_cancel: records the request once, on a run not yet terminal,
+/// and flags the run. `$1` offset, `$2` run.
+pub const REQUEST_CANCEL: &str = concat!(
+    "WITH requested AS (
+    UPDATE workflow_run SET cancel_requested_at = ",
+    now!(),
+    ", needs_pass = true
+    WHERE id = $2 AND cancel_requested_at IS NULL AND state IN ('pending', 'running')
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM requested) > 0 AS requested, ",
+    any_row!("requested"),
+    " AS woke"
+);
+
+/// request_cancel, when nothing was recorded: why. `$1` run.
+pub const RUN_STATE: &str = "SELECT state FROM workflow_run WHERE id = $1";
+
+/// task_inputs: the run input and the outputs of the named task runs
+/// (served by `uniq_taskrun_run_key`). `$1` run, `$2` keys.
+pub const TASK_INPUTS: &str = "\
+WITH wanted AS MATERIALIZED (
+    SELECT tr.id, COALESCE(tr.result_bytes, octet_length(tr.result::text)) AS bytes
+    FROM task_run AS tr
+    WHERE tr.run_id = $1 AND tr.task_key = ANY($2) AND tr.state = 'succeeded'
+), total AS (
+    SELECT COALESCE(sum(bytes), 0)::bigint AS bytes FROM wanted
+)
+SELECT wr.input, total.bytes,
+       CASE WHEN total.bytes <= $3 THEN
+           (SELECT jsonb_object_agg(tr.task_key, tr.result) FROM task_run AS tr WHERE tr.id IN (SELECT id FROM wanted))
+       END AS outputs
+FROM workflow_run AS wr, total WHERE wr.id = $1";
+
+/// The columns of a run summary, of `wr` (workflow_run) joined to `w` (workflow).
+macro_rules! summary_columns {
+    () => {
+        "wr.id, wr.workflow_id, w.name AS workflow, w.version, wr.state,
+       wr.cancel_requested_at IS NOT NULL AS cancel_requested, wr.created_at, wr.started_at, wr.finished_at"
+    };
+}
+
+/// get_run: the run with its definition's identity. `$1` run.
+pub const GET_RUN: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    ", w.fingerprint, wr.input
+FROM workflow_run AS wr JOIN workflow AS w ON w.id = wr.workflow_id
+WHERE wr.id = $1"
+);
+
+/// get_run: the task runs in creation order (`uniq_taskrun_run_key`). `$1` run.
+pub const GET_RUN_TASKS: &str = "\
+SELECT id, task_key, compensate_for, state, attempt, fencing_token, cancel_reason, result, error,
+       started_at, finished_at, retry_at, lease_owner, progress, created_at
+FROM task_run WHERE run_id = $1 ORDER BY id";
+
+/// get_run (`$2` 0, `$3` NULL) and run_events: the run's events numbered
+/// above `$2`, in number order, at most `$3`: each table an index range scan
+/// (`taskrunevent_run_seq_idx`, `workflowrunevent_run_seq_idx`) stopped at
+/// the limit, merged. `$1` run.
+pub const RUN_EVENTS: &str = "\
+(SELECT seq, task_key AS task, transition, from_state, to_state, attempt, fencing_token AS token, worker, at, error
+ FROM task_run_event WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3)
+UNION ALL
+(SELECT seq, NULL, transition, from_state, to_state, NULL, NULL, NULL, at, NULL
+ FROM workflow_run_event WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3)
+ORDER BY seq
+LIMIT $3";
+
+/// list_runs: the newest runs (`workflowrun_created_id_idx`). `$1` limit.
+pub const LIST_RUNS: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    "
+FROM workflow_run AS wr JOIN workflow AS w ON w.id = wr.workflow_id
+ORDER BY wr.created_at DESC, wr.id DESC
+LIMIT $1"
+);
+
+/// list_runs_page: newest first, strictly after the cursor (`$1`
+/// created_at, `$2` id), by a range scan of `workflowrun_created_id_idx`;
+/// without a cursor both are NULL and the bound is above every run. Filters,
+/// NULL for none: `$3` states, `$4` workflow names, `$5` created at or
+/// after, `$6` created before. `$7` limit.
+pub const LIST_RUNS_PAGE: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    "
+FROM workflow_run AS wr JOIN workflow AS w ON w.id = wr.workflow_id
+WHERE (wr.created_at, wr.id) < (COALESCE($1::timestamptz, 'infinity'),
+                                COALESCE($2::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
+  AND ($3::text[] IS NULL OR wr.state = ANY($3))
+  AND ($4::text[] IS NULL OR w.name = ANY($4))
+  AND ($5::timestamptz IS NULL OR wr.created_at >= $5)
+  AND ($6::timestamptz IS NULL OR wr.created_at < $6)
+ORDER BY wr.created_at DESC, wr.id DESC
+LIMIT $7"
+);
+
+/// run_summary: one run by primary key. `$1` run.
+pub const RUN_SUMMARY: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    "
+FROM workflow_run AS wr JOIN workflow AS w ON w.id = wr.workflow_id
+WHERE wr.id = $1"
+);
+
+/// start_run_keyed: records the key before the run, in the run's
+/// transaction; a second call with the key waits here until the first
+/// commits (then inserts nothing) or rolls back (then inserts). `$1`
+/// offset, `$2` key, `$3` request hash, `$4` run id.
+pub const RECORD_KEY: &str = concat!(
+    "INSERT INTO run_idempotency (key, request_hash, run_id, created_at) VALUES ($2, $3, $4, ",
+    now!(),
+    ")
+ON CONFLICT (key) DO NOTHING
+RETURNING run_id"
+);
+
+/// start_run_keyed: the run a key started and its request's hash (primary
+/// key). `$1` key.
+pub const KEYED_RUN: &str = "SELECT request_hash, run_id FROM run_idempotency WHERE key = $1";
+
+/// gauges: each count from the partial index that holds its rows
+/// (`taskrun_active_idx`, `taskrun_lease_expiry_idx`,
+/// `outbox_unpublished_idx`, `workflowrun_active_idx`), so the cost follows
+/// active work, not history.
+pub const GAUGES: &str = "\
+SELECT (SELECT count(*) FROM task_run WHERE state = 'ready') AS ready,
+       (SELECT count(*) FROM task_run WHERE state = 'running') AS running,
+       (SELECT count(*) FROM outbox WHERE published_at IS NULL) AS outbox_unpublished,
+       (SELECT count(*) FROM workflow_run WHERE state IN ('pending', 'running')) AS active_runs";

@@ -1,0 +1,165 @@
+//! Every SQL statement the store sends, in one place and by concern, so the
+//! indexes in `migrations/` can name the statement they serve and tests can
+//! check the exact text (`plans.rs`).
+//!
+//! Conventions: `?1` is the Clock port's offset in every statement that
+//! reads store time; a write is ONE call from `BEGIN IMMEDIATE` to `COMMIT`
+//! (see the crate docs), its transition's event written by the statement
+//! after the UPDATE (`changes() = 1`) or, for a batch, by an INSERT before it.
+
+/// The store-time expression: SQLite's clock in milliseconds plus the
+/// Clock port's offset, bound as `?1` in every statement that uses it.
+macro_rules! now {
+    () => {
+        "(CAST(round(unixepoch('subsec') * 1000) AS INTEGER) + ?1)"
+    };
+}
+
+/// The last id of the run's history: both event tables draw their ids from
+/// one sequence, so ordering the merged history by id is commit order.
+/// Millisecond store time cannot order it (a pass's run transition and the
+/// next task transition often share a millisecond), and since every write
+/// is serialised, max + 1 under the write lock is a safe next id.
+macro_rules! next_event_id {
+    () => {
+        "(SELECT COALESCE(MAX(m), 0) FROM (SELECT MAX(id) AS m FROM task_run_event \
+         UNION ALL SELECT MAX(id) AS m FROM workflow_run_event))"
+    };
+}
+
+/// The columns of an event insert, in the order every event SELECT gives them.
+macro_rules! event_insert {
+    () => {
+        "INSERT INTO task_run_event (id, task_run_id, run_id, task_key, transition, from_state, to_state, \
+         attempt, fencing_token, worker, at, error) "
+    };
+}
+
+/// The event of task run `?2` after the statement before it changed that
+/// row (`changes() = 1`), with the row's attempt and token after the
+/// transition. `$worker` and `$error` are SQL expressions.
+macro_rules! event_if_changed {
+    ($transition:literal, $from:literal, $to:literal, $worker:literal, $error:literal) => {
+        concat!(
+            event_insert!(),
+            "SELECT ",
+            next_event_id!(),
+            " + 1, id, run_id, task_key, '",
+            $transition,
+            "', '",
+            $from,
+            "', '",
+            $to,
+            "', attempt, fencing_token, ",
+            $worker,
+            ", ",
+            now!(),
+            ", ",
+            $error,
+            " FROM task_run WHERE id = ?2 AND changes() = 1"
+        )
+    };
+}
+
+/// The audit event of a finish whose UPDATE matched nothing
+/// (docs/design/leases-and-fencing.md#stale-writes): placed after the
+/// transition's event insert, which then inserted nothing, so `changes() = 0`.
+/// Token presented `?3`, worker `?4`.
+macro_rules! stale_audit {
+    ($label:literal) => {
+        concat!(
+            event_insert!(),
+            "SELECT ",
+            next_event_id!(),
+            " + 1, id, run_id, task_key, 'stale_write_rejected', NULL, NULL, attempt, ?3, ?4, ",
+            now!(),
+            ", 'rejected ",
+            $label,
+            " with fencing token ' || ?3 || ': the row is ' || state || ' at token ' || fencing_token \
+             FROM task_run WHERE id = ?2 AND changes() = 0 \
+             AND (SELECT count(*) FROM task_run_event WHERE task_run_id = ?2 \
+             AND transition = 'stale_write_rejected') < ",
+            max_stale_audits!()
+        )
+    };
+}
+
+/// `MAX_STALE_AUDITS_PER_TASK_RUN` as a literal the statements can be
+/// built from (a unit test keeps the two equal).
+macro_rules! max_stale_audits {
+    () => {
+        "100"
+    };
+}
+
+/// The task type of the task run in `$row` (an alias of `task_run`), for
+/// its outbox row. A missing task row gives NULL, which the outbox's NOT
+/// NULL refuses: a ready row without a dispatch would never run, so the
+/// whole call fails rather than commit it.
+macro_rules! task_type_of {
+    ($row:literal) => {
+        concat!(
+            "(SELECT t.task_type FROM task t WHERE t.workflow_id = (SELECT r.workflow_id FROM workflow_run r \
+             WHERE r.id = ",
+            $row,
+            ".run_id) AND t.key = ",
+            $row,
+            ".task_key)"
+        )
+    };
+}
+
+mod definitions;
+mod outbox;
+mod pass;
+mod runs;
+mod tokens;
+mod workers;
+
+pub(crate) use definitions::*;
+pub(crate) use outbox::*;
+pub(crate) use pass::*;
+pub(crate) use runs::*;
+pub(crate) use tokens::*;
+pub(crate) use workers::*;
+
+#[cfg(test)]
+/// Every SQL text sent with several statements in one call, for the
+/// checks that each is bound safely (`store::tests`) and parses.
+#[cfg(test)]
+pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("claim", CLAIM),
+        ("finish succeeded", FINISH_SUCCEEDED),
+        ("finish failed", FINISH_FAILED),
+        ("finish retry", FINISH_RETRY),
+        ("finish cancelled", FINISH_CANCELLED),
+        ("renew", RENEW_LEASE),
+        ("request_cancel", REQUEST_CANCEL),
+        ("generic satisfied", GENERIC_SATISFIED),
+        ("generic retry_ready", GENERIC_RETRY_READY),
+        ("generic cancel", GENERIC_CANCEL),
+        ("start_run", START_RUN),
+        ("start_run_keyed", START_RUN_KEYED),
+        ("reap", REAP),
+        ("get_run", GET_RUN),
+        ("begin_pass", BEGIN_PASS),
+        ("reread flagged", REREAD_FLAGGED),
+        ("take again", TAKE_AGAIN),
+        ("satisfy", SATISFY),
+        ("promote due", PROMOTE_DUE_CALL),
+        ("cancel_pending", CANCEL_PENDING),
+        ("cancel_waiting", CANCEL_WAITING_CALL),
+        ("create_compensator", CREATE_COMPENSATOR),
+        ("transition_run", TRANSITION_RUN),
+        ("commit restoring", COMMIT_RESTORING),
+        ("mark published", MARK_PUBLISHED),
+        ("register worker", REGISTER_WORKER),
+        ("touch worker", TOUCH_WORKER),
+        ("deregister worker", DEREGISTER_WORKER),
+        ("publish", PUBLISH_DEFINITION),
+        ("load", LOAD_DEFINITION),
+        ("create token", CREATE_TOKEN),
+        ("revoke token", REVOKE_TOKEN),
+    ]
+}

@@ -1,0 +1,312 @@
+//! The scheduler pass's statements: taking a run's flags, promoting,
+//! cancelling, compensating and moving the run, each measuring the run's
+//! activity again at its end (see `pass.rs`).
+
+/// take_flagged: read and clear the run's flags (`taskrun_needs_pass_idx`). `?2` run.
+macro_rules! take_flagged {
+    () => {
+        "UPDATE task_run SET needs_pass = 0 WHERE run_id = ?2 AND needs_pass \
+         RETURNING 1 AS tag, id, task_key, state, cancel_reason, compensate_for"
+    };
+}
+
+/// The run's own flag: a cancel request not handled yet.
+macro_rules! take_run_flag {
+    () => {
+        "UPDATE workflow_run SET needs_pass = 0 WHERE id = ?2 AND needs_pass RETURNING 2 AS tag"
+    };
+}
+
+/// activity: is a forward row still active (`taskrun_active_idx`), has any
+/// row started (looked up only while the run is pending; a running run
+/// has), and is any row retrying (`taskrun_active_idx`).
+macro_rules! activity {
+    () => {
+        "SELECT 9 AS tag, \
+         EXISTS (SELECT 1 FROM task_run WHERE run_id = ?2 \
+                 AND state IN ('pending', 'ready', 'running', 'retrying') AND compensate_for IS NULL), \
+         CASE WHEN (SELECT state FROM workflow_run WHERE id = ?2) <> 'pending' THEN 1 \
+              ELSE EXISTS (SELECT 1 FROM task_run WHERE run_id = ?2 AND started_at IS NOT NULL) END, \
+         EXISTS (SELECT 1 FROM task_run WHERE run_id = ?2 \
+                 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'retrying')"
+    };
+}
+
+/// satisfy_dependencies: lower the counts, one lookup per key (`uniq_taskrun_run_key`).
+/// MATERIALIZED makes SQLite walk the batch and look each row up by
+/// (run_id, task_key); joined directly, the planner scans the JSON once per
+/// task row of the run, which is quadratic on a wide fan-out. `?3` the batch.
+macro_rules! lower_pending {
+    () => {
+        "WITH done (k, n) AS MATERIALIZED (SELECT j.value ->> 'k', j.value ->> 'n' FROM json_each(?3) AS j) \
+         UPDATE task_run SET pending_deps = pending_deps - done.n FROM done \
+         WHERE task_run.run_id = ?2 AND task_run.task_key = done.k \
+         AND task_run.state = 'pending' AND task_run.compensate_for IS NULL"
+    };
+}
+
+/// The pending forward rows at zero (`taskrun_active_idx`, which carries
+/// `pending_deps`, so only those rows are visited). `state IN (…)` repeats
+/// the index's WHERE: SQLite uses a partial index only when the query
+/// states its condition literally, and without it a pass would walk every
+/// row of the run, finished or not.
+macro_rules! promotable {
+    () => {
+        "run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'pending' \
+         AND pending_deps = 0 AND compensate_for IS NULL"
+    };
+}
+
+/// promote_due_retries marks the due rows with a `retry_at` of -1 first,
+/// so the statements after it name exactly the rows due at that instant
+/// without reading the clock again (a row with that `retry_at` is due
+/// anyway). Invisible outside the transaction.
+macro_rules! due_marked {
+    () => {
+        "run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'retrying' \
+         AND retry_at = -1"
+    };
+}
+
+/// The events of a batch: rows of `task_run` matching `$where`, in id
+/// order, with their (unchanged) attempt and token.
+macro_rules! batch_events {
+    ($transition:literal, $from:literal, $to:literal, $where:expr) => {
+        concat!(
+            event_insert!(),
+            "SELECT ",
+            next_event_id!(),
+            " + ROW_NUMBER() OVER (ORDER BY id), id, run_id, task_key, '",
+            $transition,
+            "', '",
+            $from,
+            "', '",
+            $to,
+            "', attempt, fencing_token, NULL, ",
+            now!(),
+            ", NULL FROM task_run WHERE ",
+            $where,
+            " ORDER BY id"
+        )
+    };
+}
+
+/// The outbox rows of a batch of rows about to become ready
+/// (docs/design/outbox-and-queues.md#one-outbox-row-per-readiness).
+macro_rules! batch_dispatch {
+    ($where:expr) => {
+        concat!(
+            "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+             SELECT id, run_id, task_key, ",
+            task_type_of!("task_run"),
+            ", fencing_token, ",
+            now!(),
+            " FROM task_run WHERE ",
+            $where,
+            " ORDER BY id"
+        )
+    };
+}
+
+#[cfg(test)]
+pub(crate) const TAKE_FLAGGED: &str = take_flagged!();
+#[cfg(test)]
+pub(crate) const ACTIVITY: &str = activity!();
+#[cfg(test)]
+pub(crate) const LOWER_PENDING: &str = lower_pending!();
+
+/// begin_pass in one call: open the transaction, read the run, take its
+/// flags, measure it. `?2` run.
+pub(crate) const BEGIN_PASS: &str = concat!(
+    "BEGIN IMMEDIATE; \
+     SELECT 0 AS tag, workflow_id, state, cancel_requested_at IS NOT NULL, ",
+    now!(),
+    " - created_at FROM workflow_run WHERE id = ?2; ",
+    take_flagged!(),
+    "; ",
+    take_run_flag!(),
+    "; ",
+    activity!()
+);
+
+/// take_flagged after the pass changed rows: the flagged rows as they are
+/// now (`?3` their ids), and any flag set since (none can be, while the
+/// pass holds the write lock; asked anyway, it is the statement's meaning).
+pub(crate) const REREAD_FLAGGED: &str = concat!(
+    "SELECT 1 AS tag, id, task_key, state, cancel_reason, compensate_for FROM task_run \
+     WHERE id IN (SELECT value FROM json_each(?3)); ",
+    take_flagged!(),
+    "; ",
+    take_run_flag!()
+);
+
+/// A second take_flagged: the statement itself.
+pub(crate) const TAKE_AGAIN: &str = concat!(take_flagged!(), "; ", take_run_flag!());
+
+/// satisfy_dependencies' promotion (its plan is checked in `plans.rs`).
+macro_rules! promote_ready {
+    () => {
+        concat!(
+            "UPDATE task_run SET state = 'ready' WHERE ",
+            promotable!(),
+            " RETURNING 3 AS tag, id, task_key"
+        )
+    };
+}
+
+#[cfg(test)]
+pub(crate) const PROMOTE_READY: &str = promote_ready!();
+
+/// satisfy_dependencies in one call: lower, then `dependencies_satisfied`
+/// on every pending forward row at zero with its event and dispatch.
+pub(crate) const SATISFY: &str = concat!(
+    lower_pending!(),
+    "; ",
+    batch_events!("dependencies_satisfied", "pending", "ready", promotable!()),
+    "; ",
+    batch_dispatch!(promotable!()),
+    "; ",
+    promote_ready!(),
+    "; ",
+    activity!()
+);
+
+/// promote_due_retries' first statement: mark the run's due retries
+/// (`taskrun_active_idx`).
+macro_rules! mark_due {
+    () => {
+        concat!(
+            "UPDATE task_run SET retry_at = -1 \
+             WHERE run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'retrying' \
+             AND retry_at <= ",
+            now!()
+        )
+    };
+}
+
+#[cfg(test)]
+pub(crate) const PROMOTE_DUE: &str = mark_due!();
+
+/// promote_due_retries in one call.
+pub(crate) const PROMOTE_DUE_CALL: &str = concat!(
+    mark_due!(),
+    "; ",
+    batch_events!("retry_ready", "retrying", "ready", due_marked!()),
+    "; ",
+    batch_dispatch!(due_marked!()),
+    "; UPDATE task_run SET state = 'ready', retry_at = NULL WHERE ",
+    due_marked!(),
+    " RETURNING 3 AS tag, id, task_key; ",
+    activity!()
+);
+
+macro_rules! pending_named {
+    () => {
+        "run_id = ?2 AND state = 'pending' AND task_key IN (SELECT value FROM json_each(?3))"
+    };
+}
+
+/// cancel_pending in one call: `?3` the keys, `?4` the reason.
+pub(crate) const CANCEL_PENDING: &str = concat!(
+    batch_events!("cancel_pending", "pending", "cancelled", pending_named!()),
+    "; UPDATE task_run SET state = 'cancelled', cancel_reason = ?4, finished_at = ",
+    now!(),
+    " WHERE ",
+    pending_named!(),
+    " RETURNING 3 AS tag, id, task_key; ",
+    activity!()
+);
+
+macro_rules! waiting {
+    () => {
+        "run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') \
+         AND state IN ('pending', 'ready', 'retrying') AND compensate_for IS NULL"
+    };
+}
+
+/// cancel_waiting's UPDATE: the run's waiting forward rows (`taskrun_active_idx`).
+macro_rules! cancel_waiting {
+    () => {
+        concat!(
+            "UPDATE task_run SET state = 'cancelled', cancel_reason = 'user', retry_at = NULL, finished_at = ",
+            now!(),
+            " WHERE ",
+            waiting!(),
+            " RETURNING 3 AS tag, id, task_key"
+        )
+    };
+}
+
+#[cfg(test)]
+pub(crate) const CANCEL_WAITING: &str = cancel_waiting!();
+
+/// cancel_waiting in one call. Each source state has its own transition
+/// name; the events go by state (pending, ready, retrying), then id.
+pub(crate) const CANCEL_WAITING_CALL: &str = concat!(
+    event_insert!(),
+    "SELECT ",
+    next_event_id!(),
+    " + ROW_NUMBER() OVER (ORDER BY CASE state WHEN 'pending' THEN 0 WHEN 'ready' THEN 1 ELSE 2 END, id), \
+     id, run_id, task_key, \
+     CASE state WHEN 'pending' THEN 'cancel_pending' WHEN 'ready' THEN 'cancel_ready' ELSE 'cancel_retrying' END, \
+     state, 'cancelled', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM task_run WHERE ",
+    waiting!(),
+    " ORDER BY CASE state WHEN 'pending' THEN 0 WHEN 'ready' THEN 1 ELSE 2 END, id; ",
+    cancel_waiting!(),
+    "; ",
+    activity!()
+);
+
+/// create_compensator in one call: the declared task, the row (only when
+/// declared so, once), its dispatch when it was created. `?3` workflow,
+/// `?4` key, `?5` the task it undoes.
+pub(crate) const CREATE_COMPENSATOR: &str = concat!(
+    "SELECT 5 AS tag, compensate_for FROM task WHERE workflow_id = ?3 AND key = ?4; \
+     INSERT INTO task_run (run_id, task_key, compensate_for, state, pending_deps, created_at) \
+     SELECT ?2, ?4, ?5, 'ready', 0, ",
+    now!(),
+    " WHERE EXISTS (SELECT 1 FROM task WHERE workflow_id = ?3 AND key = ?4 AND compensate_for = ?5) \
+     ON CONFLICT (run_id, task_key) DO NOTHING RETURNING 6 AS tag, id; \
+     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+     SELECT tr.id, tr.run_id, tr.task_key, ",
+    task_type_of!("tr"),
+    ", tr.fencing_token, ",
+    now!(),
+    " FROM task_run tr WHERE tr.run_id = ?2 AND tr.task_key = ?4 AND changes() = 1; ",
+    activity!()
+);
+
+/// transition_run in one call: `?3` source, `?4` target, `?5` whether it
+/// starts the run, `?6` whether it ends it, `?7` the edge.
+pub(crate) const TRANSITION_RUN: &str = concat!(
+    "UPDATE workflow_run SET state = ?4, \
+     started_at = CASE WHEN ?5 THEN COALESCE(started_at, ",
+    now!(),
+    ") ELSE started_at END, \
+     finished_at = CASE WHEN ?6 THEN ",
+    now!(),
+    " ELSE finished_at END \
+     WHERE id = ?2 AND state = ?3 RETURNING 4 AS tag; \
+     INSERT INTO workflow_run_event (id, run_id, transition, from_state, to_state, at) SELECT ",
+    next_event_id!(),
+    " + 1, ?2, ?7, ?3, ?4, ",
+    now!(),
+    " WHERE changes() = 1; ",
+    activity!()
+);
+
+/// Commit after putting back the flags `begin_pass` cleared but nobody
+/// took: `?1` their task run ids, `?2` the run, `?3` whether its flag was set.
+pub(crate) const COMMIT_RESTORING: &str = "UPDATE task_run SET needs_pass = 1 WHERE id IN (SELECT value FROM json_each(?1)); \
+     UPDATE workflow_run SET needs_pass = 1 WHERE id = ?2 AND ?3; COMMIT";
+
+pub(crate) const TALLY: &str = "SELECT state, cancel_reason, COUNT(*), MAX(started_at IS NOT NULL) FROM task_run \
+     WHERE run_id = ?1 AND compensate_for IS NULL GROUP BY state, cancel_reason";
+
+pub(crate) const SUCCEEDED_KEYS: &str =
+    "SELECT task_key FROM task_run WHERE run_id = ?1 AND state = 'succeeded' AND compensate_for IS NULL";
+
+pub(crate) const COMPENSATOR_STATES: &str =
+    "SELECT task_key, state FROM task_run WHERE run_id = ?1 AND compensate_for IS NOT NULL ORDER BY id";
