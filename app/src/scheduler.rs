@@ -3,7 +3,7 @@
 //! cancel, compensate, derive and store the run state. Its loop sleeps until a
 //! store notification or the earliest retry / lease deadline.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,7 +11,8 @@ use flowforge_domain::derive::{
     CompensationProgress, CompensationStep, TaskTally, Verdict, compensation_order, derive_run_state,
     next_compensation_step,
 };
-use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, TaskTransition};
+use flowforge_domain::plan;
+use flowforge_domain::{RunState, TaskRunState, TaskTransition};
 use flowforge_ports::store::{LockedRun, Notifier, RunPass, Topic};
 use flowforge_ports::{RunEvent, RunId, Scope, Store, TaskEvent};
 use tokio::sync::Notify;
@@ -169,39 +170,22 @@ impl<S: Store> Scheduler<S> {
 
         // React to the changes since the last pass.
         let flagged = pass.take_flagged().await?;
-        let mut satisfied: BTreeMap<&str, u32> = BTreeMap::new();
-        let mut failed_upstream: BTreeSet<&str> = BTreeSet::new();
-        let mut cancelled_upstream: BTreeSet<&str> = BTreeSet::new();
-        for task in flagged.iter().filter(|t| t.compensate_for.is_none()) {
-            match task.state {
-                TaskRunState::Succeeded => {
-                    for dependent in graph.dependents_of(&task.key) {
-                        *satisfied.entry(dependent).or_default() += 1;
-                    }
-                }
-                // Resting `failed` means failed for good
-                // (docs/design/state-machines.md#failed-for-good).
-                TaskRunState::Failed => failed_upstream.extend(graph.transitive_dependents_of(&task.key)),
-                // A cancelled task's dependents can never run either; they
-                // inherit its reason (a user's), not `upstream_failed`.
-                TaskRunState::Cancelled => cancelled_upstream.extend(graph.transitive_dependents_of(&task.key)),
-                _ => {}
-            }
-        }
-        for (blocked, reason) in [
-            (failed_upstream, CancelReason::UpstreamFailed),
-            (cancelled_upstream, CancelReason::User),
-        ] {
-            if !blocked.is_empty() {
-                let keys: Vec<String> = blocked.iter().map(|k| (*k).to_owned()).collect();
-                outcome.cancelled += pass.cancel_pending(&keys, reason).await?.len();
-            }
+        let reaction = plan::react(
+            graph,
+            flagged
+                .iter()
+                .filter(|t| t.compensate_for.is_none())
+                .map(|t| (t.key.as_str(), t.state)),
+        );
+        for (blocked, reason) in reaction.cancellations() {
+            let keys: Vec<String> = blocked.iter().map(|k| (*k).to_owned()).collect();
+            outcome.cancelled += pass.cancel_pending(&keys, reason).await?.len();
         }
         if header.cancel_requested {
             outcome.cancelled += pass.cancel_waiting().await?.len();
         } else {
-            if !satisfied.is_empty() {
-                let done: Vec<(String, u32)> = satisfied.into_iter().map(|(k, n)| (k.to_owned(), n)).collect();
+            if !reaction.satisfied.is_empty() {
+                let done: Vec<(String, u32)> = reaction.satisfied.iter().map(|(k, n)| ((*k).to_owned(), *n)).collect();
                 outcome.dispatched += pass.satisfy_dependencies(&done).await?.len();
             }
             outcome.dispatched += pass.promote_due_retries().await?.len();
@@ -247,23 +231,8 @@ impl<S: Store> Scheduler<S> {
 
         // Store it along legal edges only
         // (docs/design/state-machines.md#deriving-the-run-state).
-        let edges: &[RunTransition] = match (header.state, verdict) {
-            (RunState::Pending, Verdict::Running | Verdict::Compensating) => &[RunTransition::Start],
-            (RunState::Pending, Verdict::Settled(RunState::Cancelled)) if !tally.any_started => {
-                &[RunTransition::CancelBeforeStart]
-            }
-            (RunState::Pending, Verdict::Settled(state)) => match final_edge(state) {
-                Some(edge) => &[RunTransition::Start, edge][..],
-                None => &[],
-            },
-            (RunState::Running, Verdict::Settled(state)) => match final_edge(state) {
-                Some(edge) => &[edge][..],
-                None => &[],
-            },
-            _ => &[],
-        };
-        let edges = edges.to_vec();
-        for edge in &edges {
+        let edges = plan::run_edges(header.state, verdict, tally.any_started);
+        for edge in edges {
             if !pass.transition_run(*edge).await? {
                 tracing::warn!(run_id = %run, %edge, "run transition lost a race; the next pass will re-derive");
                 break;
@@ -364,14 +333,5 @@ impl<S: Store> Scheduler<S> {
     /// The store this scheduler drives.
     pub fn store(&self) -> &S {
         &self.store
-    }
-}
-
-fn final_edge(state: RunState) -> Option<RunTransition> {
-    match state {
-        RunState::Succeeded => Some(RunTransition::Succeed),
-        RunState::Failed => Some(RunTransition::Fail),
-        RunState::Cancelled => Some(RunTransition::Cancel),
-        RunState::Pending | RunState::Running => None,
     }
 }

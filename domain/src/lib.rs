@@ -1,6 +1,6 @@
 //! FlowForge's pure rules: the two state machines, definitions and their
 //! validation, the dependency graph, the fingerprint, run-state derivation,
-//! retry policy and compensation order.
+//! the scheduler pass's decisions, retry policy and compensation order.
 //!
 //! Nothing here performs I/O, reads a clock, draws a random number or runs
 //! async code: time and ids come in as arguments. `cargo xtask check-deps`
@@ -13,6 +13,7 @@ pub mod graph;
 pub mod json_path;
 pub mod limits;
 pub mod machine;
+pub mod plan;
 pub mod schema;
 pub mod state;
 

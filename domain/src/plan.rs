@@ -1,0 +1,238 @@
+//! The scheduler pass's decisions (docs/design/scheduler.md#the-pass) as pure
+//! functions: what the forward tasks that finished since the last pass ask
+//! of their dependents, and which run edges store a verdict. The pass
+//! gathers their inputs from the store and applies their answers; it
+//! decides nothing itself.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::derive::Verdict;
+use crate::graph::DependencyGraph;
+use crate::state::{CancelReason, RunState, RunTransition, TaskRunState};
+
+/// What newly finished forward tasks ask of the tasks below them.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Reaction<'g> {
+    /// Per dependent, how many of its dependencies just succeeded: the
+    /// amount its pending-dependency counter goes down by. A task is
+    /// promoted when its counter reaches zero, so it counts successes only.
+    pub satisfied: BTreeMap<&'g str, u32>,
+    /// Everything downstream of a task that failed for good
+    /// (docs/design/state-machines.md#failed-for-good): it can never run,
+    /// and is cancelled `upstream_failed`.
+    pub upstream_failed: BTreeSet<&'g str>,
+    /// Everything downstream of a cancelled task: it inherits the user's
+    /// reason, not `upstream_failed`.
+    pub upstream_cancelled: BTreeSet<&'g str>,
+}
+
+impl<'g> Reaction<'g> {
+    /// The cancellations to apply, each set with its reason, empty sets left out.
+    pub fn cancellations(&self) -> impl Iterator<Item = (&BTreeSet<&'g str>, CancelReason)> {
+        [
+            (&self.upstream_failed, CancelReason::UpstreamFailed),
+            (&self.upstream_cancelled, CancelReason::User),
+        ]
+        .into_iter()
+        .filter(|(keys, _)| !keys.is_empty())
+    }
+}
+
+/// Reacts to the forward tasks that finished since the last pass, given as
+/// `(key, state)`. States other than succeeded, failed and cancelled (a
+/// flagged row that moved on since, or a first claim) ask nothing. Keys
+/// the graph does not know ask nothing either: the definition is the
+/// authority on who depends on whom.
+pub fn react<'g, 'k>(
+    graph: &'g DependencyGraph,
+    finished: impl IntoIterator<Item = (&'k str, TaskRunState)>,
+) -> Reaction<'g> {
+    let mut reaction = Reaction::default();
+    for (key, state) in finished {
+        match state {
+            TaskRunState::Succeeded => {
+                for dependent in graph.dependents_of(key) {
+                    *reaction.satisfied.entry(dependent).or_default() += 1;
+                }
+            }
+            TaskRunState::Failed => reaction.upstream_failed.extend(graph.transitive_dependents_of(key)),
+            TaskRunState::Cancelled => reaction.upstream_cancelled.extend(graph.transitive_dependents_of(key)),
+            TaskRunState::Pending | TaskRunState::Ready | TaskRunState::Running | TaskRunState::Retrying => {}
+        }
+    }
+    reaction
+}
+
+/// The run edges, in order, that carry `verdict` to a run stored in
+/// `current` along legal edges only
+/// (docs/design/state-machines.md#deriving-the-run-state). None when the
+/// stored state already says it, and none backwards: a running run whose
+/// tasks look unstarted stays running. A pending run that settles takes
+/// `start` first, except a cancel before anything started, which has its
+/// own edge.
+pub fn run_edges(current: RunState, verdict: Verdict, any_started: bool) -> &'static [RunTransition] {
+    use RunTransition::{Cancel, CancelBeforeStart, Fail, Start, Succeed};
+    match (current, verdict) {
+        (RunState::Pending, Verdict::Running | Verdict::Compensating) => &[Start],
+        (RunState::Pending, Verdict::Settled(RunState::Cancelled)) if !any_started => &[CancelBeforeStart],
+        (RunState::Pending, Verdict::Settled(RunState::Cancelled)) => &[Start, Cancel],
+        (RunState::Pending, Verdict::Settled(RunState::Failed)) => &[Start, Fail],
+        (RunState::Pending, Verdict::Settled(RunState::Succeeded)) => &[Start, Succeed],
+        (RunState::Running, Verdict::Settled(RunState::Cancelled)) => &[Cancel],
+        (RunState::Running, Verdict::Settled(RunState::Failed)) => &[Fail],
+        (RunState::Running, Verdict::Settled(RunState::Succeeded)) => &[Succeed],
+        _ => &[],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::run_machine;
+    use proptest::prelude::*;
+
+    const RUN_STATES: [RunState; 5] = [
+        RunState::Pending,
+        RunState::Running,
+        RunState::Succeeded,
+        RunState::Failed,
+        RunState::Cancelled,
+    ];
+
+    /// A random DAG of `n` tasks `t0…`: each depends on some earlier ones.
+    fn arb_graph() -> impl Strategy<Value = (Vec<String>, Vec<Vec<String>>)> {
+        (1usize..12).prop_flat_map(|n| {
+            prop::collection::vec(prop::collection::vec(any::<prop::sample::Index>(), 0..4), n).prop_map(move |picks| {
+                let keys: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
+                let deps = picks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, picks)| {
+                        let set: BTreeSet<usize> = if i == 0 {
+                            BTreeSet::new()
+                        } else {
+                            picks.iter().map(|p| p.index(i)).collect()
+                        };
+                        set.into_iter().map(|d| keys[d].clone()).collect()
+                    })
+                    .collect();
+                (keys, deps)
+            })
+        })
+    }
+
+    fn build(keys: &[String], deps: &[Vec<String>]) -> DependencyGraph {
+        DependencyGraph::new(
+            keys.iter()
+                .zip(deps)
+                .map(|(k, d)| (k.as_str(), d.iter().map(String::as_str))),
+        )
+        .expect("an acyclic graph by construction")
+    }
+
+    fn arb_verdict() -> impl Strategy<Value = Verdict> {
+        prop_oneof![
+            Just(Verdict::Pending),
+            Just(Verdict::Running),
+            Just(Verdict::Compensating),
+            prop::sample::select(RUN_STATES.to_vec()).prop_map(Verdict::Settled),
+        ]
+    }
+
+    proptest! {
+        /// Successes reported in any batches bring each task's counter to
+        /// the number of its dependencies that have not succeeded: a task
+        /// reaches zero, and is promoted, only when every dependency has.
+        #[test]
+        fn never_promotes_a_task_with_an_unsucceeded_dependency(
+            (keys, deps) in arb_graph(),
+            succeeded_mask in prop::collection::vec(any::<bool>(), 12),
+            batch_of in prop::collection::vec(0usize..3, 12),
+        ) {
+            let graph = build(&keys, &deps);
+            let mut counters: BTreeMap<&str, i64> =
+                keys.iter().zip(&deps).map(|(k, d)| (k.as_str(), d.len() as i64)).collect();
+            let succeeded: BTreeSet<&str> =
+                keys.iter().zip(&succeeded_mask).filter(|(_, s)| **s).map(|(k, _)| k.as_str()).collect();
+            for batch in 0..3 {
+                let finished = keys
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, k)| batch_of[*i] == batch && succeeded.contains(k.as_str()))
+                    .map(|(_, k)| (k.as_str(), TaskRunState::Succeeded));
+                for (key, n) in react(&graph, finished).satisfied {
+                    *counters.get_mut(key).expect("a known key") -= i64::from(n);
+                }
+            }
+            for (key, d) in keys.iter().zip(&deps) {
+                let missing = d.iter().filter(|dep| !succeeded.contains(dep.as_str())).count() as i64;
+                prop_assert_eq!(counters[key.as_str()], missing, "counter of {}", key);
+            }
+        }
+
+        /// A failure or a cancel blocks exactly the tasks downstream of it,
+        /// with its own reason, and satisfies nothing.
+        #[test]
+        fn a_failure_or_cancel_blocks_exactly_its_descendants(
+            (keys, deps) in arb_graph(),
+            states in prop::collection::vec(0usize..3, 12),
+        ) {
+            let graph = build(&keys, &deps);
+            let finished: Vec<(&str, TaskRunState)> = keys
+                .iter()
+                .zip(&states)
+                .filter_map(|(k, s)| match s {
+                    1 => Some((k.as_str(), TaskRunState::Failed)),
+                    2 => Some((k.as_str(), TaskRunState::Cancelled)),
+                    _ => None,
+                })
+                .collect();
+            let reaction = react(&graph, finished.iter().copied());
+            prop_assert!(reaction.satisfied.is_empty());
+            let below = |state| -> BTreeSet<&str> {
+                finished.iter().filter(|(_, s)| *s == state).flat_map(|(k, _)| graph.transitive_dependents_of(k)).collect()
+            };
+            prop_assert_eq!(&reaction.upstream_failed, &below(TaskRunState::Failed));
+            prop_assert_eq!(&reaction.upstream_cancelled, &below(TaskRunState::Cancelled));
+        }
+
+        /// The edges are legal one after another from the stored state, end
+        /// in the verdict's state, and leave the run terminal iff the
+        /// verdict is settled (nothing forward active, no rollback left).
+        #[test]
+        fn run_edges_are_legal_and_terminal_iff_settled(
+            current in prop::sample::select(RUN_STATES.to_vec()),
+            verdict in arb_verdict(),
+            any_started in any::<bool>(),
+        ) {
+            // A verdict never says pending or running as settled.
+            prop_assume!(!matches!(verdict, Verdict::Settled(RunState::Pending | RunState::Running)));
+            let machine = run_machine();
+            let edges = run_edges(current, verdict, any_started);
+            let mut state = current;
+            for edge in edges {
+                prop_assert!(machine.is_legal(*edge, state), "{} from {:?}", edge, state);
+                state = machine.get(*edge).expect("a run edge").target;
+            }
+            if current.is_terminal() {
+                prop_assert!(edges.is_empty(), "a finished run never moves");
+            } else if !(current == RunState::Running && verdict == Verdict::Pending) {
+                prop_assert_eq!(state, verdict.run_state());
+                prop_assert_eq!(state.is_terminal(), matches!(verdict, Verdict::Settled(_)));
+            }
+        }
+    }
+
+    #[test]
+    fn a_cancel_before_anything_started_takes_its_own_edge() {
+        let verdict = Verdict::Settled(RunState::Cancelled);
+        assert_eq!(
+            run_edges(RunState::Pending, verdict, false),
+            &[RunTransition::CancelBeforeStart]
+        );
+        assert_eq!(
+            run_edges(RunState::Pending, verdict, true),
+            &[RunTransition::Start, RunTransition::Cancel]
+        );
+    }
+}
