@@ -7,10 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flowforge_domain::derive::{
-    CompensationProgress, CompensationStep, TaskTally, Verdict, compensation_order, derive_run_state,
-    next_compensation_step,
-};
+use flowforge_domain::derive::{CompensationProgress, TaskTally, Verdict, derive_run_state};
 use flowforge_domain::plan;
 use flowforge_domain::{RunState, TaskRunState, TaskTransition};
 use flowforge_ports::store::{LockedRun, Notifier, RunPass, Topic};
@@ -210,22 +207,16 @@ impl<S: Store> Scheduler<S> {
         if verdict == Verdict::Compensating {
             let succeeded = pass.succeeded_keys().await?;
             let succeeded: BTreeSet<&str> = succeeded.iter().map(String::as_str).collect();
-            let order = compensation_order(def, &succeeded);
-            let keys: Vec<&str> = order.iter().map(|(_, c)| *c).collect();
             let rows = pass.compensator_states().await?;
             let states: HashMap<&str, TaskRunState> = rows.iter().map(|(k, s)| (k.as_str(), *s)).collect();
-            let step = next_compensation_step(&keys, &states);
-            if let CompensationStep::Start(key) = &step
-                && let Some((forward, _)) = order.iter().find(|(_, c)| c == key)
+            let next = plan::compensate(def, &succeeded, &states);
+            if let Some((forward, key)) = next.start
                 && pass.create_compensator(key, forward).await?
             {
                 outcome.dispatched += 1;
-                outcome.compensator = Some(key.clone());
+                outcome.compensator = Some(key.to_owned());
             }
-            let progress = match step {
-                CompensationStep::Start(_) => CompensationProgress::Outstanding,
-                other => other.progress(!rows.is_empty()),
-            };
+            let progress = next.progress;
             verdict = derive_run_state(&tally, progress);
         }
 

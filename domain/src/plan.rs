@@ -4,9 +4,10 @@
 //! gathers their inputs from the store and applies their answers; it
 //! decides nothing itself.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::derive::Verdict;
+use crate::definition::WorkflowDefinition;
+use crate::derive::{CompensationProgress, CompensationStep, Verdict, compensation_order, next_compensation_step};
 use crate::graph::DependencyGraph;
 use crate::state::{CancelReason, RunState, RunTransition, TaskRunState};
 
@@ -61,6 +62,39 @@ pub fn react<'g, 'k>(
         }
     }
     reaction
+}
+
+/// The rollback's next move (docs/design/compensation.md#one-at-a-time).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compensation<'d> {
+    /// The compensator to create now, as `(forward key, compensator key)`.
+    pub start: Option<(&'d str, &'d str)>,
+    /// Where the rollback stands once `start` is applied.
+    pub progress: CompensationProgress,
+}
+
+/// Decides the rollback of a run whose forward tasks settled as failed:
+/// the compensators of the `succeeded` forward tasks run one at a time in
+/// reverse dependency order, each once every earlier one succeeded; a
+/// compensator that failed for good halts the rest. `compensators` maps the
+/// compensator rows created so far to their states.
+pub fn compensate<'d>(
+    def: &'d WorkflowDefinition,
+    succeeded: &BTreeSet<&str>,
+    compensators: &HashMap<&str, TaskRunState>,
+) -> Compensation<'d> {
+    let order = compensation_order(def, succeeded);
+    let keys: Vec<&str> = order.iter().map(|(_, c)| *c).collect();
+    match next_compensation_step(&keys, compensators) {
+        CompensationStep::Start(key) => Compensation {
+            start: order.iter().find(|(_, c)| **c == key).copied(),
+            progress: CompensationProgress::Outstanding,
+        },
+        step => Compensation {
+            start: None,
+            progress: step.progress(!compensators.is_empty()),
+        },
+    }
 }
 
 /// The run edges, in order, that carry `verdict` to a run stored in
@@ -219,6 +253,78 @@ mod tests {
             } else if !(current == RunState::Running && verdict == Verdict::Pending) {
                 prop_assert_eq!(state, verdict.run_state());
                 prop_assert_eq!(state.is_terminal(), matches!(verdict, Verdict::Settled(_)));
+            }
+        }
+    }
+
+    /// A definition over the random DAG where the tasks in `undoable` have
+    /// a compensator `undo_<key>`.
+    fn saga(keys: &[String], deps: &[Vec<String>], undoable: &[bool]) -> WorkflowDefinition {
+        let mut tasks: Vec<serde_json::Value> = keys
+            .iter()
+            .zip(deps)
+            .map(|(k, d)| serde_json::json!({"key": k, "task_type": "noop", "depends_on": d}))
+            .collect();
+        tasks.extend(
+            keys.iter().zip(undoable).filter(|(_, u)| **u).map(
+                |(k, _)| serde_json::json!({"key": format!("undo_{k}"), "task_type": "noop", "compensate_for": k}),
+            ),
+        );
+        crate::schema::parse_value(serde_json::json!({"name": "saga", "version": 1, "tasks": tasks}))
+            .expect("a valid saga by construction")
+    }
+
+    proptest! {
+        /// Driven to its end, the rollback starts one compensator at a time,
+        /// exactly one per succeeded task that has one, each task undone
+        /// before every task it depends on; a compensator that fails for
+        /// good halts the rest.
+        #[test]
+        fn compensators_run_one_at_a_time_in_reverse_dependency_order(
+            (keys, deps) in arb_graph(),
+            undoable in prop::collection::vec(any::<bool>(), 12),
+            succeeded_mask in prop::collection::vec(any::<bool>(), 12),
+            fail_at in prop::option::of(0usize..12),
+        ) {
+            let def = saga(&keys, &deps, &undoable);
+            let succeeded: BTreeSet<&str> =
+                keys.iter().zip(&succeeded_mask).filter(|(_, s)| **s).map(|(k, _)| k.as_str()).collect();
+            let mut rows: HashMap<&str, TaskRunState> = HashMap::new();
+            let mut undone: Vec<&str> = Vec::new();
+            let end = loop {
+                let next = compensate(&def, &succeeded, &rows);
+                let Some((forward, compensator)) = next.start else { break next.progress };
+                prop_assert_eq!(next.progress, CompensationProgress::Outstanding);
+                prop_assert_eq!(compensator, format!("undo_{forward}"));
+                // While it runs, nothing else starts.
+                rows.insert(compensator, TaskRunState::Running);
+                prop_assert_eq!(compensate(&def, &succeeded, &rows).start, None);
+                let fails = fail_at == Some(undone.len());
+                rows.insert(compensator, if fails { TaskRunState::Failed } else { TaskRunState::Succeeded });
+                undone.push(forward);
+            };
+            for (i, first) in undone.iter().enumerate() {
+                let below = def.graph().transitive_dependents_of(first);
+                for later in &undone[i + 1..] {
+                    prop_assert!(!below.contains(later), "{} undone after {}, which it depends on", later, first);
+                }
+            }
+            let expected: BTreeSet<&str> = keys
+                .iter()
+                .zip(&undoable)
+                .filter(|(k, u)| **u && succeeded.contains(k.as_str()))
+                .map(|(k, _)| k.as_str())
+                .collect();
+            match fail_at {
+                Some(n) if n < expected.len() => {
+                    prop_assert_eq!(end, CompensationProgress::Halted);
+                    prop_assert_eq!(undone.len(), n + 1);
+                }
+                _ => {
+                    prop_assert_eq!(undone.iter().copied().collect::<BTreeSet<_>>(), expected.clone());
+                    prop_assert_eq!(undone.len(), expected.len());
+                    prop_assert_eq!(end, CompensationProgress::Finished);
+                }
             }
         }
     }
