@@ -218,6 +218,54 @@ pub async fn a_stale_finish_changes_nothing_and_is_audited<F: StoreFactory>(fact
     assert_eq!(view(&s, run, "a").await.output, Some(json!({"first": true})));
 }
 
+/// A stale finish promotes nothing: it flags nothing, so no pass lowers a
+/// dependent's counter or writes its dispatch, before or after the real
+/// finish (which promotes the dependent exactly once).
+pub async fn a_stale_finish_promotes_nothing<F: StoreFactory>(factory: &F) {
+    let (s, _) = fresh(factory).await;
+    let run = start(&s, chain()).await;
+    let c = claim(&s, run, "a", "w", LONG).await;
+    drain_flags(&s, run).await;
+    let stale = s
+        .finish_task_run(c.task_run_id, c.token + 1, &worker("intruder"), succeeded(json!({})))
+        .await
+        .expect("finish");
+    assert_eq!(stale, FinishResult::Stale);
+    assert!(
+        s.runs_with_work(Scope::All, 10)
+            .await
+            .expect("runs_with_work")
+            .is_empty()
+    );
+    let mut p = pass(&s, run).await;
+    assert!(
+        p.take_flagged().await.expect("take_flagged").is_empty(),
+        "a stale finish flags nothing"
+    );
+    p.commit().await.expect("commit");
+    assert_eq!(view(&s, run, "b").await.state, TaskRunState::Pending);
+    assert!(dispatches_of(&s, run, "b").await.is_empty());
+
+    finish(&s, &c, "w", succeeded(json!({}))).await;
+    let mut p = pass(&s, run).await;
+    let flagged = p.take_flagged().await.expect("take_flagged");
+    assert_eq!(flagged.len(), 1);
+    assert_eq!(
+        p.satisfy_dependencies(&[("b".to_owned(), 1)]).await.expect("satisfy"),
+        ["b"]
+    );
+    p.commit().await.expect("commit");
+    let late = finish(&s, &c, "w", succeeded(json!({"late": true}))).await;
+    assert_eq!(late, FinishResult::Stale);
+    assert!(
+        s.runs_with_work(Scope::All, 10)
+            .await
+            .expect("runs_with_work")
+            .is_empty()
+    );
+    assert_eq!(dispatches_of(&s, run, "b").await.len(), 1, "b is dispatched once");
+}
+
 /// Spec 000's fencing sequence: A claims, its lease expires, the reaper
 /// takes it back, B claims; A's late finish is stale, B's is recorded.
 pub async fn fencing_rejects_a_worker_whose_lease_was_reaped<F: StoreFactory>(factory: &F) {

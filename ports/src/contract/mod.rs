@@ -66,6 +66,7 @@ macro_rules! store_contract_tests {
             finish_failed_with_retry_schedules_it_in_store_time,
             finish_cancelled_records_the_user_reason,
             a_stale_finish_changes_nothing_and_is_audited,
+            a_stale_finish_promotes_nothing,
             fencing_rejects_a_worker_whose_lease_was_reaped,
             an_expired_lease_not_yet_reaped_still_finishes_and_the_reaper_then_spares_it,
             reaping_with_attempts_left_redispatches,

@@ -14,7 +14,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use flowforge_domain::derive::{CompensationProgress, TaskTally, Verdict, derive_run_state};
-use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, TaskTransition};
+use flowforge_domain::plan;
+use flowforge_domain::{CancelReason, RunState, TaskRunState, TaskTransition};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 use serde_json::json;
@@ -403,31 +404,17 @@ async fn pass_both<S: Store>(
         (model.run, model.cancel_requested)
     );
 
-    let graph = def.graph();
-    let mut satisfied: BTreeMap<String, u32> = BTreeMap::new();
-    let mut blocked: [BTreeSet<String>; 2] = Default::default();
-    for t in p.take_flagged().await.expect("take_flagged") {
-        match t.state {
-            TaskRunState::Succeeded => {
-                for d in graph.dependents_of(&t.key) {
-                    *satisfied.entry(d.to_owned()).or_default() += 1;
-                }
-            }
-            TaskRunState::Failed => {
-                blocked[0].extend(graph.transitive_dependents_of(&t.key).into_iter().map(str::to_owned))
-            }
-            TaskRunState::Cancelled => {
-                blocked[1].extend(graph.transitive_dependents_of(&t.key).into_iter().map(str::to_owned))
-            }
-            _ => {}
-        }
-    }
+    let flagged = p.take_flagged().await.expect("take_flagged");
+    let reaction = plan::react(def.graph(), flagged.iter().map(|t| (t.key.as_str(), t.state)));
     let reacted = model.take_flagged();
-    for (keys, (expected, reason)) in blocked.iter().zip([
-        (&reacted.upstream_failed, CancelReason::UpstreamFailed),
-        (&reacted.upstream_cancelled, CancelReason::User),
-    ]) {
-        let keys: Vec<String> = keys.iter().cloned().collect();
+    for (keys, (expected, reason)) in [&reaction.upstream_failed, &reaction.upstream_cancelled]
+        .into_iter()
+        .zip([
+            (&reacted.upstream_failed, CancelReason::UpstreamFailed),
+            (&reacted.upstream_cancelled, CancelReason::User),
+        ])
+    {
+        let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
         let got = if keys.is_empty() {
             Vec::new()
         } else {
@@ -444,7 +431,7 @@ async fn pass_both<S: Store>(
         let got = p.cancel_waiting().await.expect("cancel_waiting");
         prop_assert_eq!(sorted(got), model.cancel_waiting(), "cancel_waiting");
     } else {
-        let done: Vec<(String, u32)> = satisfied.into_iter().collect();
+        let done: Vec<(String, u32)> = reaction.satisfied.iter().map(|(k, n)| ((*k).to_owned(), *n)).collect();
         let got = if done.is_empty() {
             Vec::new()
         } else {
@@ -469,37 +456,15 @@ async fn pass_both<S: Store>(
         Verdict::Compensating => derive_run_state(&tally, CompensationProgress::Finished),
         other => other,
     };
-    for edge in run_edges(header.state, verdict, tally.any_started) {
-        prop_assert!(p.transition_run(edge).await.expect("transition_run"), "{edge} applies");
+    let edges = plan::run_edges(header.state, verdict, tally.any_started);
+    for edge in edges {
+        prop_assert!(p.transition_run(*edge).await.expect("transition_run"), "{edge} applies");
     }
     p.commit().await.expect("commit");
-    if !run_edges(header.state, verdict, tally.any_started).is_empty() {
+    if !edges.is_empty() {
         model.run = verdict.run_state();
     }
     Ok(())
-}
-
-/// The legal run edges from `state` to the verdict (as the scheduler
-/// stores it, docs/design/state-machines.md#deriving-the-run-state).
-fn run_edges(state: RunState, verdict: Verdict, any_started: bool) -> Vec<RunTransition> {
-    let last = |s: RunState| match s {
-        RunState::Succeeded => Some(RunTransition::Succeed),
-        RunState::Failed => Some(RunTransition::Fail),
-        RunState::Cancelled => Some(RunTransition::Cancel),
-        RunState::Pending | RunState::Running => None,
-    };
-    match (state, verdict) {
-        (RunState::Pending, Verdict::Running | Verdict::Compensating) => vec![RunTransition::Start],
-        (RunState::Pending, Verdict::Settled(RunState::Cancelled)) if !any_started => {
-            vec![RunTransition::CancelBeforeStart]
-        }
-        (RunState::Pending, Verdict::Settled(s)) => last(s).into_iter().fold(vec![RunTransition::Start], |mut v, e| {
-            v.push(e);
-            v
-        }),
-        (RunState::Running, Verdict::Settled(s)) => last(s).into_iter().collect(),
-        _ => Vec::new(),
-    }
 }
 
 /// Succeeded, failed or cancelled: a task run no edge leaves (a resting
