@@ -115,7 +115,7 @@ impl PgStore {
             .map_err(store_error)?;
         if !created {
             return Err(store::Error::Other(format!(
-                "workflow definition {workflow} does not exist"
+                "workflow definition id {workflow} not found"
             )));
         }
         Ok([(Topic::Publisher, woke_publisher), (Topic::Scheduler, woke_scheduler)])
@@ -383,7 +383,7 @@ impl RunStore for PgStore {
             .await
             .map_err(store_error)?;
         let Some((run_input, bytes, outputs)) = row else {
-            return Err(store::Error::Other(format!("run {run} does not exist")));
+            return Err(store::Error::Other(format!("run {run} not found")));
         };
         let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         if bytes > limit {

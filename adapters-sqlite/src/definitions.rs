@@ -223,7 +223,9 @@ impl DefinitionStore for SqliteStore {
     }
 
     async fn load_definition(&self, id: WorkflowId) -> Result<Published, LoadError> {
-        self.load(id).await?.ok_or_else(|| LoadError::NotFound(id.to_string()))
+        self.load(id)
+            .await?
+            .ok_or_else(|| LoadError::NotFound(format!("id {id}")))
     }
 
     async fn find_definition(&self, name: &str, version: u32) -> Result<Option<Published>, LoadError> {

@@ -99,7 +99,7 @@ impl SqliteStore {
             if rows.is_empty() {
                 let exists = reader.call(sql(queries::WORKFLOW_EXISTS).bind(workflow.0)).await?;
                 return Err(if exists.is_empty() {
-                    store::Error::Other(format!("no workflow definition with id {workflow}"))
+                    store::Error::Other(format!("workflow definition id {workflow} not found"))
                 } else {
                     store::Error::Corrupt(format!("workflow {workflow} has no forward task rows"))
                 });
@@ -382,7 +382,7 @@ impl RunStore for SqliteStore {
         }
         drop(cache);
         let Some(run_input) = input else {
-            return Err(store::Error::Other(format!("no run with id {run}")));
+            return Err(store::Error::Other(format!("run {run} not found")));
         };
         Ok(TaskInputs {
             run_input,

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use flowforge_domain::{CancelReason, RunTransition};
+use flowforge_domain::{CancelReason, RunTransition, TaskRunState};
 use serde_json::json;
 
-use crate::ids::RunId;
-use crate::store::{RunPass, RunStore, Scope};
+use crate::ids::{RunId, TaskRunId, WorkflowId};
+use crate::store::{DefinitionStore, FinishResult, LeaseStatus, RunPass, RunStore, Scope};
 
 use super::*;
 
@@ -263,5 +263,59 @@ pub async fn a_reap_in_a_cancelled_run_writes_the_same_rows<F: StoreFactory>(fac
                 None
             ),
         ])
+    );
+}
+
+/// What the stores answer about ids they never had, answer by answer, error
+/// texts included: a caller (the CLI, the API) reports the same thing
+/// whichever store it runs on.
+pub async fn unknown_ids_are_answered_alike<F: StoreFactory>(factory: &F) {
+    let (s, _) = fresh(factory).await;
+    let (workflow, run, task_run) = (WorkflowId(999_999), RunId(uuid::Uuid::nil()), TaskRunId(999_999));
+    let w = worker("w");
+    let text = |e: &dyn std::fmt::Display| e.to_string();
+    assert_eq!(
+        s.load_definition(workflow).await.map(|_| ()).map_err(|e| text(&e)),
+        Err("workflow definition id 999999 not found".to_owned())
+    );
+    assert!(s.find_definition("nothing", 1).await.expect("find").is_none());
+    assert_eq!(
+        s.start_run(workflow, json!({})).await.map_err(|e| text(&e)),
+        Err("store error: workflow definition id 999999 not found".to_owned())
+    );
+    assert_eq!(
+        s.task_inputs(run, &["a".to_owned()], 1024)
+            .await
+            .map(|_| ())
+            .map_err(|e| text(&e)),
+        Err(format!("store error: run {run} not found"))
+    );
+    assert_eq!(s.request_cancel(run).await.expect("request_cancel"), None);
+    assert!(s.get_run(run).await.expect("get_run").is_none());
+    assert!(s.run_summary(run).await.expect("run_summary").is_none());
+    assert!(s.run_events(run, 0, 10).await.expect("run_events").is_empty());
+    assert!(s.claim_task_run(task_run, 1, &w, LONG).await.expect("claim").is_none());
+    assert!(!s.dispatch_is_current(task_run, 1).await.expect("dispatch_is_current"));
+    assert_eq!(
+        s.renew_lease(task_run, 1, LONG).await.expect("renew"),
+        LeaseStatus::Lost
+    );
+    assert_eq!(
+        s.report_progress(task_run, 1, &json!({"p": 1}), LONG)
+            .await
+            .expect("progress"),
+        LeaseStatus::Lost
+    );
+    assert_eq!(
+        s.finish_task_run(task_run, 1, &w, succeeded(json!({})))
+            .await
+            .expect("finish"),
+        FinishResult::Stale
+    );
+    assert_eq!(
+        s.transition_task_run(task_run, TaskRunState::Pending, TaskRunState::Ready)
+            .await
+            .map_err(|e| text(&e)),
+        Ok(false)
     );
 }

@@ -98,6 +98,7 @@ macro_rules! store_contract_tests {
             the_event_history_records_every_transition,
             every_store_writes_the_same_event_rows,
             a_reap_in_a_cancelled_run_writes_the_same_rows,
+            unknown_ids_are_answered_alike,
             wide_runs_are_written_in_batches,
             start_run_refuses_an_input_holding_nul,
             an_unstorable_outcome_is_stored_as_the_domain_says,
