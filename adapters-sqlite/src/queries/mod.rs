@@ -123,7 +123,6 @@ pub(crate) use runs::*;
 pub(crate) use tokens::*;
 pub(crate) use workers::*;
 
-#[cfg(test)]
 /// Every SQL text sent with several statements in one call, for the
 /// checks that each is bound safely (`store::tests`) and parses.
 #[cfg(test)]
