@@ -332,6 +332,7 @@ async fn sse() -> Value {
     let (api, def, _db) = fanout_server(9_998).await;
     let pid = api.server.child.id();
     let rss_before = kib(pid, "VmRSS:");
+    let (anon_before, file_before) = (kib(pid, "RssAnon:"), kib(pid, "RssFile:"));
     let t0 = Instant::now();
     let id = api.start_run(def.name()).await;
     let response = api
@@ -360,9 +361,14 @@ async fn sse() -> Value {
         }
     }
     let wall = t0.elapsed().as_secs_f64();
+    // The stream's own peak, read before the check below fetches the whole
+    // report (30 000 events at once), which is another request's memory.
+    let peak = kib(pid, "VmHWM:");
+    let (anon, file) = (kib(pid, "RssAnon:"), kib(pid, "RssFile:"));
     let report = api.get(&format!("/api/v1/runs/{id}")).await;
     let stored = report["events"].as_array().map_or(0, Vec::len) as u64;
-    let peak = kib(pid, "VmHWM:");
+    let peak_with_report = kib(pid, "VmHWM:");
+    let mib = |after: u64, before: u64| round(after.saturating_sub(before) as f64 / 1024.0, 1);
     json!({
         "scenario": "sse_10000",
         "tasks": def.tasks().len(),
@@ -370,7 +376,10 @@ async fn sse() -> Value {
         "events_stored": stored,
         "every_event": events == stored && ended,
         "wall_s": round(wall, 2),
-        "rss_growth_mib": round(peak.saturating_sub(rss_before) as f64 / 1024.0, 1),
+        "rss_growth_mib": mib(peak, rss_before),
+        "rss_anon_growth_mib": mib(anon, anon_before),
+        "rss_file_growth_mib": mib(file, file_before),
+        "rss_growth_with_report_mib": mib(peak_with_report, rss_before),
     })
 }
 
