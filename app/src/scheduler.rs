@@ -216,8 +216,7 @@ impl<S: Store> Scheduler<S> {
                 outcome.dispatched += 1;
                 outcome.compensator = Some(key.to_owned());
             }
-            let progress = next.progress;
-            verdict = derive_run_state(&tally, progress);
+            verdict = derive_run_state(&tally, next.progress);
         }
 
         // Store it along legal edges only
