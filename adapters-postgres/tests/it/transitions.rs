@@ -559,7 +559,7 @@ async fn a_pass_promotes_cancels_and_compensates_inside_one_transaction() {
 }
 
 #[tokio::test]
-async fn a_pass_over_a_ten_thousand_task_fan_out_takes_milliseconds() {
+async fn a_pass_over_a_ten_thousand_task_fan_out_promotes_every_leaf_at_once() {
     let db = test_db!();
     let (store, _) = db.store().await;
     let mut tasks = vec![json!({"key": "root", "task_type": "noop"})];
@@ -584,9 +584,9 @@ async fn a_pass_over_a_ten_thousand_task_fan_out_takes_milliseconds() {
     println!("pass over a 10 000-task fan-out: {took:?}");
     assert_eq!(ready_now.len(), 9_999);
     assert_eq!(tally.ready, 9_999);
-    // Batched statements, not a round trip per row: well under a second
-    // even in a debug build on a shared 2-core machine.
-    assert!(took < Duration::from_secs(3), "{took:?}");
+    // How long it takes is the benchmarks' business (BENCHMARKS.md,
+    // postgres: the pass over 1 000 runs); a test on a shared machine
+    // asserts what the pass did, never how fast.
     let (dispatches,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox WHERE run_id = $1")
         .bind(run.0)
         .fetch_one(store.pool())
