@@ -266,7 +266,13 @@ impl Api {
 
     /// Waits until the run is terminal; returns its report.
     pub(crate) async fn wait_run(&self, id: &str) -> Value {
-        let deadline = Instant::now() + PATIENCE;
+        self.wait_run_within(id, PATIENCE).await
+    }
+
+    /// [`Self::wait_run`] for a run whose size calls for more patience
+    /// than [`PATIENCE`] on a busy machine running a debug build.
+    pub(crate) async fn wait_run_within(&self, id: &str, patience: Duration) -> Value {
+        let deadline = Instant::now() + patience;
         loop {
             let report = self.get_json(&format!("/api/v1/runs/{id}"), 200).await;
             if matches!(report["state"].as_str(), Some("succeeded" | "failed" | "cancelled")) {
