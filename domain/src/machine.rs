@@ -55,6 +55,29 @@ pub enum MachineError {
     /// A state that cannot be reached from the initial state.
     #[error("state '{0}' cannot be reached from the initial state")]
     Unreachable(&'static str),
+    /// A retry edge that leads into a terminal state would open a
+    /// generation with nothing to do.
+    #[error("retry edge '{name}' leads into terminal state '{state}'")]
+    RetryIntoTerminal {
+        /// The offending edge.
+        name: &'static str,
+        /// The terminal state it leads into.
+        state: &'static str,
+    },
+}
+
+/// An edge that only an operator's retry takes, opening a new generation of
+/// a finished row (docs/design/retry.md): the one kind of edge allowed to
+/// leave a terminal state. One name joins several sources and targets, so
+/// that the history names the act, not each pair.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryEdge<S, T> {
+    /// The edge's name; unique within its machine, retry edges included.
+    pub name: T,
+    /// The states the row may be in.
+    pub sources: Vec<S>,
+    /// The states the edge may leave it in; never terminal.
+    pub targets: Vec<S>,
 }
 
 /// A validated transition table.
@@ -63,6 +86,7 @@ pub struct StateMachine<S: State, T: TransitionName> {
     initial: S,
     terminal: BTreeSet<S>,
     transitions: Vec<Transition<S, T>>,
+    retry_edges: Vec<RetryEdge<S, T>>,
 }
 
 impl<S: State, T: TransitionName> StateMachine<S, T> {
@@ -103,7 +127,29 @@ impl<S: State, T: TransitionName> StateMachine<S, T> {
             initial,
             terminal,
             transitions,
+            retry_edges: Vec::new(),
         })
+    }
+
+    /// Adds the edges an operator's retry takes, refusing a name already
+    /// used and a target that is terminal. Terminality keeps its meaning:
+    /// no edge of a generation leaves a terminal state.
+    pub fn with_retry_edges(mut self, edges: Vec<RetryEdge<S, T>>) -> Result<Self, MachineError> {
+        for edge in &edges {
+            let taken = self.transitions.iter().any(|t| t.name == edge.name)
+                || self.retry_edges.iter().any(|r| r.name == edge.name);
+            if taken {
+                return Err(MachineError::DuplicateName(edge.name.as_str()));
+            }
+            if let Some(&state) = edge.targets.iter().find(|s| self.terminal.contains(s)) {
+                return Err(MachineError::RetryIntoTerminal {
+                    name: edge.name.as_str(),
+                    state: state.as_str(),
+                });
+            }
+            self.retry_edges.push(edge.clone());
+        }
+        Ok(self)
     }
 
     /// The state every row starts in.
@@ -137,6 +183,18 @@ impl<S: State, T: TransitionName> StateMachine<S, T> {
         self.transitions
             .iter()
             .filter(move |t| t.source == source && t.target == target)
+    }
+
+    /// The retry edges, in table order.
+    pub fn retry_edges(&self) -> &[RetryEdge<S, T>] {
+        &self.retry_edges
+    }
+
+    /// Whether the retry edge `name` may carry a row from `from` to `to`.
+    pub fn is_legal_retry(&self, name: T, from: S, to: S) -> bool {
+        self.retry_edges
+            .iter()
+            .any(|r| r.name == name && r.sources.contains(&from) && r.targets.contains(&to))
     }
 
     /// Whether the edge `name` may be taken from `from`.
@@ -258,6 +316,53 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(err, MachineError::DeadEnd("green"));
+    }
+
+    fn sound() -> StateMachine<Light, Flip> {
+        StateMachine::new(
+            Light::Red,
+            &[Light::Off],
+            vec![
+                edge(Flip::Go, Light::Red, Light::Green),
+                edge(Flip::Halt, Light::Green, Light::Off),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_retry_edge_may_leave_a_terminal_state_but_not_enter_one() {
+        let m = sound()
+            .with_retry_edges(vec![RetryEdge {
+                name: Flip::Stop,
+                sources: vec![Light::Off],
+                targets: vec![Light::Red],
+            }])
+            .unwrap();
+        assert!(m.is_terminal(Light::Off));
+        assert!(m.is_legal_retry(Flip::Stop, Light::Off, Light::Red));
+        assert!(!m.is_legal_retry(Flip::Stop, Light::Off, Light::Green));
+        assert!(!m.is_legal(Flip::Stop, Light::Off));
+        let err = sound()
+            .with_retry_edges(vec![RetryEdge {
+                name: Flip::Stop,
+                sources: vec![Light::Green],
+                targets: vec![Light::Off],
+            }])
+            .unwrap_err();
+        assert!(matches!(err, MachineError::RetryIntoTerminal { name: "stop", .. }));
+    }
+
+    #[test]
+    fn a_retry_edge_may_not_reuse_a_name() {
+        let err = sound()
+            .with_retry_edges(vec![RetryEdge {
+                name: Flip::Go,
+                sources: vec![Light::Off],
+                targets: vec![Light::Red],
+            }])
+            .unwrap_err();
+        assert_eq!(err, MachineError::DuplicateName("go"));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::LazyLock;
 
-use crate::machine::{State, StateMachine, Transition, TransitionName};
+use crate::machine::{RetryEdge, State, StateMachine, Transition, TransitionName};
 
 macro_rules! named_enum {
     ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal,)+ }) => {
@@ -107,6 +107,9 @@ named_enum! {
         Fail => "fail",
         /// running → cancelled.
         Cancel => "cancel",
+        /// failed | cancelled → running: an operator's retry opens the next
+        /// generation (a retry edge, docs/design/retry.md).
+        Resume => "resume",
     }
 }
 
@@ -165,6 +168,9 @@ named_enum! {
         RetryReady => "retry_ready",
         /// retrying → cancelled.
         CancelRetrying => "cancel_retrying",
+        /// succeeded | failed | cancelled → pending | ready: the task is in an
+        /// operator's retry set (a retry edge, docs/design/retry.md).
+        Reset => "reset",
     }
 }
 
@@ -235,16 +241,22 @@ pub fn build_run_machine() -> Result<RunMachine, crate::machine::MachineError> {
         RunState::Pending,
         &[RunState::Succeeded, RunState::Failed, RunState::Cancelled],
         run_table(),
-    )
+    )?
+    .with_retry_edges(vec![RetryEdge {
+        name: RunTransition::Resume,
+        sources: vec![RunState::Failed, RunState::Cancelled],
+        targets: vec![RunState::Running],
+    }])
 }
 
 /// Builds the TaskRun machine, validating its table.
 pub fn build_task_machine() -> Result<TaskMachine, crate::machine::MachineError> {
-    StateMachine::new(
-        TaskRunState::Pending,
-        &[TaskRunState::Succeeded, TaskRunState::Cancelled],
-        task_table(),
-    )
+    use TaskRunState::{Cancelled, Failed, Pending, Ready, Succeeded};
+    StateMachine::new(Pending, &[Succeeded, Cancelled], task_table())?.with_retry_edges(vec![RetryEdge {
+        name: TaskTransition::Reset,
+        sources: vec![Succeeded, Failed, Cancelled],
+        targets: vec![Pending, Ready],
+    }])
 }
 
 static RUN_MACHINE: LazyLock<RunMachine> =
@@ -290,6 +302,8 @@ mod tests {
         let task = build_task_machine().unwrap();
         assert_eq!(run.transitions().len(), 5);
         assert_eq!(task.transitions().len(), 12);
+        assert_eq!(run.retry_edges().len(), 1);
+        assert_eq!(task.retry_edges().len(), 1);
     }
 
     #[test]
@@ -323,7 +337,9 @@ mod tests {
     fn names_round_trip_through_strings() {
         for &t in TaskTransition::VALUES {
             assert_eq!(t.as_str().parse::<TaskTransition>().unwrap(), t);
-            assert!(task_machine().get_by_str(t.as_str()).is_some());
+            let known = task_machine().get_by_str(t.as_str()).is_some()
+                || task_machine().retry_edges().iter().any(|r| r.name == t);
+            assert!(known, "{t} is in neither table");
         }
         for &s in RunState::VALUES {
             assert_eq!(s.as_str().parse::<RunState>().unwrap(), s);
