@@ -50,6 +50,7 @@ pub(crate) struct SummaryRow {
     pub(crate) version: i32,
     pub(crate) state: String,
     pub(crate) cancel_requested: bool,
+    pub(crate) generation: i32,
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) started_at: Option<DateTime<Utc>>,
     pub(crate) finished_at: Option<DateTime<Utc>>,
@@ -64,6 +65,7 @@ impl SummaryRow {
             version: to_u32(self.version, "workflow.version")?,
             state: parse_name::<RunState>(&self.state, "workflow_run.state")?,
             cancel_requested: self.cancel_requested,
+            generation: to_u32(self.generation, "workflow_run.generation")?,
             created_at: self.created_at,
             started_at: self.started_at,
             finished_at: self.finished_at,
@@ -86,6 +88,7 @@ pub(crate) struct TaskRunRow {
     pub(crate) compensate_for: Option<String>,
     pub(crate) state: String,
     pub(crate) attempt: i32,
+    pub(crate) generation: i32,
     pub(crate) fencing_token: i64,
     pub(crate) cancel_reason: Option<String>,
     pub(crate) result: Option<Value>,
@@ -106,6 +109,7 @@ impl TaskRunRow {
             compensate_for: self.compensate_for,
             state: parse_name::<TaskRunState>(&self.state, "task_run.state")?,
             attempt: to_u32(self.attempt, "task_run.attempt")?,
+            generation: to_u32(self.generation, "task_run.generation")?,
             token: self.fencing_token,
             cancel_reason: reason(self.cancel_reason)?,
             output: self.result,
@@ -132,6 +136,7 @@ pub(crate) struct EventRow {
     pub(crate) worker: Option<String>,
     pub(crate) at: DateTime<Utc>,
     pub(crate) error: Option<String>,
+    pub(crate) generation: i32,
 }
 
 impl EventRow {
@@ -147,6 +152,7 @@ impl EventRow {
             worker: self.worker,
             at: self.at,
             error: self.error,
+            generation: to_u32(self.generation, "event.generation")?,
         })
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flowforge_domain::limits::{self, MAX_STALE_AUDITS_PER_TASK_RUN, Refusal, ValueKind};
+use flowforge_domain::retry::Reset;
 use flowforge_domain::{RunState, TaskRunState, TaskTransition, run_machine};
 use flowforge_ports::store::{Gauges, IdempotencyKey, KeyedStart, RunQuery, resolve_generic_transition};
 use flowforge_ports::{
@@ -32,6 +33,7 @@ struct ClaimRow {
     task_key: String,
     compensate_for: Option<String>,
     attempt: i32,
+    attempt_base: i32,
     fencing_token: i64,
     lease_expires_at: Option<DateTime<Utc>>,
     woke_scheduler: bool,
@@ -55,6 +57,7 @@ impl ClaimRow {
             task_key: self.task_key,
             compensate_for: self.compensate_for,
             attempt: to_u32(self.attempt, "task_run.attempt")?,
+            attempt_base: to_u32(self.attempt_base, "task_run.attempt_base")?,
             token: self.fencing_token,
             lease_expires_at: self
                 .lease_expires_at
@@ -296,6 +299,62 @@ impl RunStore for PgStore {
         } else {
             CancelOutcome::AlreadyRequested
         }))
+    }
+
+    async fn resume_run(
+        &self,
+        run: RunId,
+        state: RunState,
+        generation: u32,
+        resets: &[Reset],
+    ) -> Result<Option<u32>, store::Error> {
+        let mut tx = self.inner.pool.begin().await.map_err(store_error)?;
+        let moved: Option<(i32, i64)> = sqlx::query_as(queries::RESUME_RUN)
+            .bind(run.0)
+            .bind(state.as_str())
+            .bind(i64::from(generation))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        let Some((next, counted)) = moved else {
+            return Ok(None);
+        };
+        if counted != 1 {
+            return Err(corrupt(format!("run {run} is finished but has no event counter")));
+        }
+        sqlx::query(queries::RESUME_EVENT)
+            .bind(self.offset())
+            .bind(run.0)
+            .bind(state.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        let keys: Vec<&str> = resets.iter().map(|r| r.key.as_str()).collect();
+        let from: Vec<&str> = resets.iter().map(|r| r.from.as_str()).collect();
+        let to: Vec<&str> = resets.iter().map(|r| r.to.as_str()).collect();
+        let deps: Vec<i32> = resets
+            .iter()
+            .map(|r| i32::try_from(r.pending_deps).map_err(|_| store::Error::Other("too many dependencies".into())))
+            .collect::<Result<_, _>>()?;
+        let reset: i64 = sqlx::query_scalar(queries::RESET_TASKS)
+            .bind(self.offset())
+            .bind(run.0)
+            .bind(&keys)
+            .bind(&from)
+            .bind(&to)
+            .bind(&deps)
+            .bind(next)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        if usize::try_from(reset).ok() != Some(resets.len()) {
+            // A task moved since the plan was read: apply nothing.
+            return Ok(None);
+        }
+        tx.commit().await.map_err(store_error)?;
+        self.announce(&[(Topic::Publisher, true), (Topic::Scheduler, true)])
+            .await;
+        Ok(Some(to_u32(next, "workflow_run.generation")?))
     }
 
     async fn claim_task_run(

@@ -112,6 +112,7 @@ pub(crate) struct SummaryRow {
     version: i64,
     state: String,
     cancel_requested: bool,
+    generation: i64,
     created_at: i64,
     started_at: Option<i64>,
     finished_at: Option<i64>,
@@ -126,6 +127,7 @@ impl SummaryRow {
             version: u32_of("workflow.version", self.version)?,
             state: name("workflow_run.state", &self.state)?,
             cancel_requested: self.cancel_requested,
+            generation: u32_of("workflow_run.generation", self.generation)?,
             created_at: time("workflow_run.created_at", self.created_at)?,
             started_at: opt_time("workflow_run.started_at", self.started_at)?,
             finished_at: opt_time("workflow_run.finished_at", self.finished_at)?,
@@ -140,6 +142,7 @@ pub(crate) struct TaskRunRow {
     compensate_for: Option<String>,
     state: String,
     attempt: i64,
+    generation: i64,
     fencing_token: i64,
     cancel_reason: Option<String>,
     result: Option<String>,
@@ -160,6 +163,7 @@ impl TaskRunRow {
             compensate_for: self.compensate_for,
             state: name("task_run.state", &self.state)?,
             attempt: u32_of("task_run.attempt", self.attempt)?,
+            generation: u32_of("task_run.generation", self.generation)?,
             token: self.fencing_token,
             cancel_reason: opt_name("task_run.cancel_reason", self.cancel_reason.as_deref())?,
             output: self.result.as_deref().map(|r| json("task_run.result", r)).transpose()?,
@@ -190,6 +194,7 @@ pub(crate) struct EventRow {
     worker: Option<String>,
     at: i64,
     error: Option<String>,
+    generation: i64,
 }
 
 impl EventRow {
@@ -205,6 +210,7 @@ impl EventRow {
             worker: self.worker,
             at: time("event.at", self.at)?,
             error: self.error,
+            generation: u32_of("event.generation", self.generation)?,
         })
     }
 }

@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use flowforge_domain::limits::{self, Refusal, ValueKind};
+use flowforge_domain::retry::Reset;
 use flowforge_domain::{RunState, TaskRunState, TaskTransition, initial_task_run_state};
 use flowforge_ports::store::resolve_generic_transition;
 use flowforge_ports::store::{Gauges, IdempotencyKey, KeyedStart, RunQuery};
@@ -58,6 +59,7 @@ struct ClaimRow {
     task_key: String,
     compensate_for: Option<String>,
     attempt: i64,
+    attempt_base: i64,
     fencing_token: i64,
     lease_expires_at: i64,
     needs_pass: bool,
@@ -208,6 +210,61 @@ impl RunStore for SqliteStore {
         Ok(Some(CancelOutcome::Requested))
     }
 
+    async fn resume_run(
+        &self,
+        run: RunId,
+        state: RunState,
+        generation: u32,
+        resets: &[Reset],
+    ) -> Result<Option<u32>, store::Error> {
+        let key = run_key(run);
+        let plan: Vec<Value> = resets
+            .iter()
+            .map(|r| serde_json::json!({"k": r.key, "f": r.from.as_str(), "t": r.to.as_str(), "d": r.pending_deps}))
+            .collect();
+        let plan = serde_json::to_string(&plan).map_err(|e| store::Error::Other(e.to_string()))?;
+        let offset = self.inner.offset();
+        let mut conn = self.inner.write().await?;
+        let rows = conn
+            .open_call(padded(
+                sql(queries::RESUME_RUN)
+                    .bind(offset)
+                    .bind(key.clone())
+                    .bind(state.as_str())
+                    .bind(i64::from(generation)),
+            ))
+            .await?;
+        let Some(row) = rows.first() else {
+            conn.rollback().await?;
+            return Ok(None);
+        };
+        let next: i64 = col(row, 0)?;
+        let rows = conn
+            .open_call(padded(
+                sql(queries::RESET_TASKS)
+                    .bind(offset)
+                    .bind(key)
+                    .bind(plan)
+                    .bind(next)
+                    .bind(state.as_str()),
+            ))
+            .await?;
+        let reset: i64 = match rows.last() {
+            Some(row) => col(row, 0)?,
+            None => 0,
+        };
+        if usize::try_from(reset).ok() != Some(resets.len()) {
+            // A task moved since the plan was read: apply nothing.
+            conn.rollback().await?;
+            return Ok(None);
+        }
+        conn.call(sql("COMMIT")).await?;
+        drop(conn);
+        self.inner.wakeups.wake(Topic::Publisher);
+        self.inner.wakeups.wake(Topic::Scheduler);
+        Ok(Some(u32_of("workflow_run.generation", next)?))
+    }
+
     async fn claim_task_run(
         &self,
         id: TaskRunId,
@@ -246,6 +303,7 @@ impl RunStore for SqliteStore {
             task_key: row.task_key,
             compensate_for: row.compensate_for,
             attempt: u32_of("task_run.attempt", row.attempt)?,
+            attempt_base: u32_of("task_run.attempt_base", row.attempt_base)?,
             token: row.fencing_token,
             lease_expires_at: time("task_run.lease_expires_at", row.lease_expires_at)?,
         }))

@@ -31,7 +31,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     /// The contract's sections, read as text: a case is a `pub async fn`.
-    const SECTIONS: [&str; 14] = [
+    const SECTIONS: [&str; 15] = [
         include_str!("contract/api.rs"),
         include_str!("contract/claims.rs"),
         include_str!("contract/definitions.rs"),
@@ -46,6 +46,7 @@ mod tests {
         include_str!("contract/queries.rs"),
         include_str!("contract/reads.rs"),
         include_str!("contract/reaper.rs"),
+        include_str!("contract/retry.rs"),
     ];
 
     /// A case written but left off `store_contract_tests!`'s list would

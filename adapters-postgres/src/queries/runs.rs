@@ -67,8 +67,8 @@ macro_rules! claim_tail {
     () => {
         concat!(
             "
-    RETURNING tr.id, tr.run_id, wr.workflow_id, tr.task_key, tr.compensate_for, tr.attempt, tr.fencing_token,
-              tr.lease_expires_at, wr.state = 'pending' AS run_pending
+    RETURNING tr.id, tr.run_id, wr.workflow_id, tr.task_key, tr.compensate_for, tr.attempt, tr.attempt_base,
+              tr.fencing_token, tr.lease_expires_at, wr.state = 'pending' AS run_pending
 ), event AS (
     ",
             event_insert!(),
@@ -76,8 +76,8 @@ macro_rules! claim_tail {
             now!(),
             ", NULL FROM claimed ORDER BY id
 )
-SELECT c.id, c.run_id, c.workflow_id, c.task_key, c.compensate_for, c.attempt, c.fencing_token, c.lease_expires_at,
-       c.run_pending AS woke_scheduler
+SELECT c.id, c.run_id, c.workflow_id, c.task_key, c.compensate_for, c.attempt, c.attempt_base, c.fencing_token,
+       c.lease_expires_at, c.run_pending AS woke_scheduler
 FROM claimed AS c ORDER BY c.id"
         )
     };
@@ -279,7 +279,8 @@ SELECT (SELECT count(*) FROM moved) > 0 AS moved, ",
 /// cancelled, not failed (docs/design/cancellation.md#reaping-a-cancelled-run).
 macro_rules! reaped_to_ready {
     () => {
-        "(tr.attempt < t.max_attempts OR (wr.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL))"
+        "(tr.attempt - tr.attempt_base < t.max_attempts
+          OR (wr.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL))"
     };
 }
 
@@ -451,7 +452,8 @@ FROM workflow_run AS wr, total WHERE wr.id = $1";
 macro_rules! summary_columns {
     () => {
         "wr.id, wr.workflow_id, w.name AS workflow, w.version, wr.state,
-       wr.cancel_requested_at IS NOT NULL AS cancel_requested, wr.created_at, wr.started_at, wr.finished_at"
+       wr.cancel_requested_at IS NOT NULL AS cancel_requested, wr.generation, wr.created_at, wr.started_at,
+       wr.finished_at"
     };
 }
 
@@ -466,7 +468,7 @@ WHERE wr.id = $1"
 
 /// get_run: the task runs in creation order (`uniq_taskrun_run_key`). `$1` run.
 pub const GET_RUN_TASKS: &str = "\
-SELECT id, task_key, compensate_for, state, attempt, fencing_token, cancel_reason, result, error,
+SELECT id, task_key, compensate_for, state, attempt, generation, fencing_token, cancel_reason, result, error,
        started_at, finished_at, retry_at, lease_owner, progress, created_at
 FROM task_run WHERE run_id = $1 ORDER BY id";
 
@@ -475,10 +477,11 @@ FROM task_run WHERE run_id = $1 ORDER BY id";
 /// (`taskrunevent_run_seq_idx`, `workflowrunevent_run_seq_idx`) stopped at
 /// the limit, merged. `$1` run.
 pub const RUN_EVENTS: &str = "\
-(SELECT seq, task_key AS task, transition, from_state, to_state, attempt, fencing_token AS token, worker, at, error
+(SELECT seq, task_key AS task, transition, from_state, to_state, attempt, fencing_token AS token, worker, at, error,
+        generation
  FROM task_run_event WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3)
 UNION ALL
-(SELECT seq, NULL, transition, from_state, to_state, NULL, NULL, NULL, at, NULL
+(SELECT seq, NULL, transition, from_state, to_state, NULL, NULL, NULL, at, NULL, generation
  FROM workflow_run_event WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3)
 ORDER BY seq
 LIMIT $3";
@@ -547,3 +550,67 @@ SELECT (SELECT count(*) FROM task_run WHERE state = 'ready') AS ready,
        (SELECT count(*) FROM task_run WHERE state = 'running') AS running,
        (SELECT count(*) FROM outbox WHERE published_at IS NULL) AS outbox_unpublished,
        (SELECT count(*) FROM workflow_run WHERE state IN ('pending', 'running')) AS active_runs";
+
+/// resume_run: the run's `resume` edge (docs/design/retry.md), conditional
+/// on its state and generation, so of two concurrent retries exactly one
+/// matches; its event counter row takes the new generation first, so the
+/// `resume` event and every later one carry it (the numbering trigger
+/// stamps it). `$1` run, `$2` from state, `$3` generation.
+pub const RESUME_RUN: &str = "\
+WITH moved AS (
+    UPDATE workflow_run
+    SET state = 'running', generation = generation + 1, finished_at = NULL, cancel_requested_at = NULL,
+        needs_pass = false
+    WHERE id = $1 AND state = $2 AND generation = $3
+    RETURNING id, generation
+), counter AS (
+    UPDATE run_event_seq AS s SET generation = m.generation FROM moved AS m WHERE s.run_id = m.id
+    RETURNING s.run_id
+)
+SELECT m.generation, (SELECT count(*) FROM counter) AS counted FROM moved AS m";
+
+/// resume_run: the `resume` event, after [`RESUME_RUN`] moved the counter.
+/// `$1` offset, `$2` run, `$3` from state.
+pub const RESUME_EVENT: &str = concat!(
+    "INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at) VALUES ($2, 'resume', $3, 'running', ",
+    now!(),
+    ")"
+);
+
+/// resume_run: each task of the retry set takes `reset` from its planned
+/// state: attempt + 1 (the earlier ones become `attempt_base`), token + 1,
+/// its dependencies inside the set as the counter, its output, error and
+/// cancel reason cleared; events in key order and a dispatch for each row
+/// made ready. `$1` offset, `$2` run, `$3` keys, `$4` from states, `$5` to
+/// states, `$6` pending dependencies, `$7` generation.
+pub const RESET_TASKS: &str = concat!(
+    "WITH planned AS (
+    SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $6::int4[]) AS p(key, from_state, to_state, pending_deps)
+), moved AS (
+    UPDATE task_run AS tr
+    SET state = p.to_state, attempt = tr.attempt + 1, attempt_base = tr.attempt,
+        fencing_token = tr.fencing_token + 1, pending_deps = p.pending_deps, generation = $7,
+        cancel_reason = NULL, finished_at = NULL, result = NULL, result_bytes = NULL, error = NULL,
+        retry_at = NULL, progress = NULL, needs_pass = false
+    FROM planned AS p
+    WHERE tr.run_id = $2 AND tr.task_key = p.key AND tr.state = p.from_state AND tr.compensate_for IS NULL
+    RETURNING tr.id, tr.run_id, tr.task_key, p.from_state, tr.state, tr.attempt, tr.fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, 'reset', from_state, state, attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM moved ORDER BY id
+), dispatched AS (
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
+    now!(),
+    "
+    FROM moved AS m
+    JOIN workflow_run AS wr ON wr.id = m.run_id
+    JOIN task AS t ON t.workflow_id = wr.workflow_id AND t.key = m.task_key
+    WHERE m.state = 'ready'
+    ORDER BY m.id
+)
+SELECT count(*) FROM moved"
+);

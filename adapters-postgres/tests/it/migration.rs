@@ -187,8 +187,21 @@ const CASES: &[(&str, &str)] = &[
     ),
     (
         "INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at)
-         VALUES ('00000000-0000-0000-0000-000000000001', 'resume', 'pending', 'running', now())",
+         VALUES ('00000000-0000-0000-0000-000000000001', 'rewind', 'pending', 'running', now())",
         "workflowrunevent_transition_valid",
+    ),
+    // generations (docs/design/retry.md)
+    (
+        "UPDATE workflow_run SET generation = 0",
+        "workflowrun_generation_positive",
+    ),
+    (
+        "UPDATE task_run SET generation = 0 WHERE id = 1",
+        "taskrun_generation_positive",
+    ),
+    (
+        "UPDATE task_run SET attempt_base = 1 WHERE id = 1",
+        "taskrun_prior_attempts_below_attempt",
     ),
     // outbox
     (

@@ -4,7 +4,7 @@
 macro_rules! summary_columns {
     () => {
         "r.id, r.workflow_id, w.name, w.version, r.state, r.cancel_requested_at IS NOT NULL AS cancel_requested, \
-         r.created_at, r.started_at, r.finished_at"
+         r.generation, r.created_at, r.started_at, r.finished_at"
     };
 }
 
@@ -23,7 +23,7 @@ macro_rules! claim_update {
              WHERE id = ?2 AND state = 'ready' AND fencing_token = ?3 \
              AND (compensate_for IS NOT NULL \
                   OR (SELECT r.cancel_requested_at FROM workflow_run r WHERE r.id = task_run.run_id) IS NULL) \
-             RETURNING run_id, task_key, compensate_for, attempt, fencing_token, lease_expires_at, needs_pass, \
+             RETURNING run_id, task_key, compensate_for, attempt, attempt_base, fencing_token, lease_expires_at, needs_pass, \
              (SELECT r.workflow_id FROM workflow_run r WHERE r.id = task_run.run_id) AS workflow_id"
         )
     };
@@ -320,7 +320,9 @@ macro_rules! reap_kind {
             $row,
             ".run_id) IS NOT NULL THEN 'c' WHEN ",
             $row,
-            ".attempt < (SELECT t.max_attempts FROM task t WHERE t.workflow_id = (SELECT r.workflow_id \
+            ".attempt - ",
+            $row,
+            ".attempt_base < (SELECT t.max_attempts FROM task t WHERE t.workflow_id = (SELECT r.workflow_id \
              FROM workflow_run r WHERE r.id = ",
             $row,
             ".run_id) AND t.key = ",
@@ -438,11 +440,11 @@ macro_rules! history {
             "SELECT ",
             $head,
             "seq, task_key AS task, transition, from_state, to_state, attempt, fencing_token AS token, worker, \
-             at, error FROM task_run_event WHERE run_id = ?1",
+             at, error, generation FROM task_run_event WHERE run_id = ?1",
             $bound,
             " UNION ALL SELECT ",
             $head,
-            "seq, NULL, transition, from_state, to_state, NULL, NULL, NULL, at, NULL \
+            "seq, NULL, transition, from_state, to_state, NULL, NULL, NULL, at, NULL, generation \
              FROM workflow_run_event WHERE run_id = ?1",
             $bound,
             " ORDER BY seq"
@@ -464,13 +466,14 @@ pub(crate) const GET_RUN: &str = concat!(
     summary_columns!(),
     ", w.fingerprint, r.input FROM workflow_run r JOIN workflow w ON w.id = r.workflow_id WHERE r.id = ?1; \
      SELECT 1 AS tag, json_group_array(json_object('id', id, 'task_key', task_key, 'compensate_for', compensate_for, \
-     'state', state, 'attempt', attempt, 'fencing_token', fencing_token, 'cancel_reason', cancel_reason, \
+     'state', state, 'attempt', attempt, 'generation', generation, 'fencing_token', fencing_token, \
+     'cancel_reason', cancel_reason, \
      'result', result, 'error', error, 'started_at', started_at, 'finished_at', finished_at, 'retry_at', retry_at, \
      'lease_owner', lease_owner, 'progress', progress, 'created_at', created_at)) AS rows \
      FROM task_run WHERE run_id = ?1; \
      SELECT 2 AS tag, json_group_array(json_object('seq', seq, 'task', task, 'transition', transition, \
      'from_state', from_state, 'to_state', to_state, 'attempt', attempt, 'token', token, 'worker', worker, \
-     'at', at, 'error', error)) AS rows FROM (",
+     'at', at, 'error', error, 'generation', generation)) AS rows FROM (",
     history!("", ""),
     "); COMMIT"
 );
@@ -522,3 +525,61 @@ pub(crate) const GAUGES: &str = "SELECT \
 /// start_run, when the workflow has no forward task rows: whether it
 /// exists at all (primary key). `?1` the workflow.
 pub(crate) const WORKFLOW_EXISTS: &str = "SELECT id FROM workflow WHERE id = ?1";
+
+/// resume_run's first call, leaving its transaction open: the run's
+/// `resume` edge (docs/design/retry.md), conditional on its state and
+/// generation, so of two concurrent retries exactly one matches. `?2` run,
+/// `?3` from state, `?4` generation.
+pub(crate) const RESUME_RUN: &str = "BEGIN IMMEDIATE; \
+     UPDATE workflow_run SET state = 'running', generation = generation + 1, finished_at = NULL, \
+     cancel_requested_at = NULL, needs_pass = 0 \
+     WHERE id = ?2 AND state = ?3 AND generation = ?4 RETURNING generation";
+
+/// The task runs of the retry set `?3` (`{k, f, t, d}`: key, from, to,
+/// dependencies inside the set) once reset to generation `?4`.
+macro_rules! reset_rows {
+    () => {
+        "task_run tr JOIN json_each(?3) AS p ON tr.task_key = p.value ->> 'k' \
+         WHERE tr.run_id = ?2 AND tr.generation = ?4 AND tr.compensate_for IS NULL"
+    };
+}
+
+/// resume_run's second call, in the first's transaction: the run's event
+/// counter takes the new generation `?4` before the `resume` event (from
+/// `?5`), so it and every later event carry it; then each task of the
+/// retry set `?3` takes `reset` from its planned state — attempt + 1 (the
+/// earlier ones become `attempt_base`), token + 1, its output, error and
+/// cancel reason cleared — with its event and, once ready, its dispatch.
+/// Returns how many rows were reset. `?2` run.
+pub(crate) const RESET_TASKS: &str = concat!(
+    "UPDATE run_event_seq SET generation = ?4 WHERE run_id = ?2; \
+     INSERT INTO workflow_run_event (id, run_id, transition, from_state, to_state, at) SELECT ",
+    next_event_id!(),
+    " + 1, ?2, 'resume', ?5, 'running', ",
+    now!(),
+    "; UPDATE task_run SET state = p.value ->> 't', attempt = attempt + 1, attempt_base = attempt, \
+     fencing_token = fencing_token + 1, pending_deps = p.value ->> 'd', generation = ?4, cancel_reason = NULL, \
+     finished_at = NULL, result = NULL, error = NULL, retry_at = NULL, progress = NULL, needs_pass = 0 \
+     FROM json_each(?3) AS p \
+     WHERE task_run.run_id = ?2 AND task_run.task_key = p.value ->> 'k' AND task_run.state = p.value ->> 'f' \
+     AND task_run.compensate_for IS NULL; ",
+    event_insert!(),
+    "SELECT ",
+    next_event_id!(),
+    " + ROW_NUMBER() OVER (ORDER BY tr.id), tr.id, tr.run_id, tr.task_key, 'reset', p.value ->> 'f', tr.state, \
+     tr.attempt, tr.fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM ",
+    reset_rows!(),
+    " ORDER BY tr.id; \
+     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+     SELECT tr.id, tr.run_id, tr.task_key, ",
+    task_type_of!("tr"),
+    ", tr.fencing_token, ",
+    now!(),
+    " FROM ",
+    reset_rows!(),
+    " AND tr.state = 'ready' ORDER BY tr.id; \
+     SELECT COUNT(*) FROM ",
+    reset_rows!()
+);

@@ -150,6 +150,27 @@ async fn the_schema_refuses_rows_that_break_an_invariant() {
         "taskrun_pending_deps_nonnegative",
     );
     refused(
+        exec(&mut conn, "UPDATE task_run SET generation = 0 WHERE task_key = 'a'").await,
+        "taskrun_generation_positive",
+    );
+    refused(
+        exec(&mut conn, "UPDATE task_run SET attempt_base = 1 WHERE task_key = 'a'").await,
+        "taskrun_prior_attempts_below_attempt",
+    );
+    refused(
+        exec(&mut conn, "UPDATE workflow_run SET generation = 0").await,
+        "workflowrun_generation_positive",
+    );
+    refused(
+        exec(
+            &mut conn,
+            "INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at) \
+             SELECT id, 'rewind', 'failed', 'running', 0 FROM workflow_run",
+        )
+        .await,
+        "workflowrunevent_transition_valid",
+    );
+    refused(
         exec(&mut conn, "UPDATE task_run SET result = '{}' WHERE task_key = 'a'").await,
         "taskrun_result_only_when_succeeded",
     );

@@ -119,6 +119,10 @@ macro_rules! store_contract_tests {
             claim_ready_skips_forward_tasks_of_cancel_requested_runs,
             pollers_and_consumers_claim_each_row_once,
             progress_is_fenced_and_cleared_by_the_next_claim,
+            a_resumed_run_opens_its_next_generation,
+            a_reset_task_is_fenced_and_counts_attempts_per_generation,
+            a_stale_retry_plan_applies_nothing,
+            concurrent_retries_open_one_generation,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
@@ -150,6 +154,7 @@ mod polling;
 mod queries;
 mod reads;
 mod reaper;
+mod retry;
 
 pub use api::*;
 pub use claims::*;
@@ -165,6 +170,7 @@ pub use polling::*;
 pub use queries::*;
 pub use reads::*;
 pub use reaper::*;
+pub use retry::*;
 
 pub(super) fn definition(v: Value) -> WorkflowDefinition {
     let doc: WorkflowDocument = serde_json::from_value(v).expect("a well-formed test document");

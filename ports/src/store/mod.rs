@@ -28,7 +28,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use flowforge_domain::derive::TaskTally;
-use flowforge_domain::{CancelReason, RunTransition, TaskRunState, WorkflowDefinition};
+use flowforge_domain::retry::Reset;
+use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, WorkflowDefinition};
 use serde_json::Value;
 
 use crate::ids::{DispatchId, RunId, TaskRunId, WorkerId, WorkflowId};
@@ -117,6 +118,22 @@ pub trait RunStore: Send + Sync + 'static {
     /// A claim never succeeds for a cancel-requested run. `Ok(None)`: no such
     /// run.
     fn request_cancel(&self, run: RunId) -> impl Future<Output = Result<Option<CancelOutcome>, Error>> + Send;
+
+    /// Opens the next generation of a finished run (docs/design/retry.md),
+    /// in one transaction: the run takes `resume` from `state` — a
+    /// conditional UPDATE on its state and `generation`, so of two
+    /// concurrent retries exactly one wins — and each task of `resets`
+    /// takes `reset` from its planned state (token + 1, attempt + 1, its
+    /// event, a dispatch when it is ready). Returns the new generation, or
+    /// `None`, with nothing written, when the run or one of the tasks is no
+    /// longer as planned.
+    fn resume_run(
+        &self,
+        run: RunId,
+        state: RunState,
+        generation: u32,
+        resets: &[Reset],
+    ) -> impl Future<Output = Result<Option<u32>, Error>> + Send;
 
     /// Claims a ready task run for a dispatch: `ready → running` WHERE `state =
     /// 'ready' AND fencing_token = token` and, for a forward task, the run is

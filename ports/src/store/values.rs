@@ -105,12 +105,23 @@ pub struct Claim {
     pub task_key: String,
     /// The forward task it undoes, for a compensator.
     pub compensate_for: Option<String>,
-    /// 1-based attempt being made.
+    /// 1-based attempt being made, counted over every generation.
     pub attempt: u32,
+    /// Attempts made in earlier generations of the run
+    /// (docs/design/retry.md): the retry policy counts `attempt - attempt_base`.
+    pub attempt_base: u32,
     /// The fencing token this attempt must present to finish.
     pub token: i64,
     /// When the lease runs out unless renewed (store time).
     pub lease_expires_at: DateTime<Utc>,
+}
+
+impl Claim {
+    /// The attempt's number within the run's current generation: what the
+    /// retry policy's `max_attempts` counts (docs/design/retry.md).
+    pub fn generation_attempt(&self) -> u32 {
+        self.attempt.saturating_sub(self.attempt_base)
+    }
 }
 
 /// What a task's attempt reads: the run input and its dependencies' outputs.
@@ -292,6 +303,8 @@ pub struct RunSummary {
     pub state: RunState,
     /// Whether a cancel was requested.
     pub cancel_requested: bool,
+    /// 1, plus one per operator retry (docs/design/retry.md).
+    pub generation: u32,
     /// Created.
     pub created_at: DateTime<Utc>,
     /// Moved to running.
@@ -313,6 +326,8 @@ pub struct TaskRunView {
     pub state: TaskRunState,
     /// Current attempt.
     pub attempt: u32,
+    /// The run generation it was last reset in (1: never reset).
+    pub generation: u32,
     /// Current fencing token.
     pub token: i64,
     /// Why it was cancelled.
@@ -360,6 +375,8 @@ pub struct EventView {
     pub at: DateTime<Utc>,
     /// Error recorded with it.
     pub error: Option<String>,
+    /// The run's generation when it was written (docs/design/retry.md).
+    pub generation: u32,
 }
 
 /// A run with its task runs and history.
