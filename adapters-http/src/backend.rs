@@ -10,7 +10,7 @@ use std::time::Duration;
 use flowforge_app::attempts::Attempt;
 use flowforge_app::remote::{Beat, BeatStatus, RemoteClaim, RemoteConfig, RemoteResult, RemoteWork};
 use flowforge_app::tokens::{self, Verdict};
-use flowforge_app::{Error, RunReport, Service, TaskTypes};
+use flowforge_app::{Error, Retry, RunReport, Service, TaskTypes};
 use flowforge_domain::WorkflowDefinition;
 use flowforge_ports::store::{
     CancelOutcome, DefinitionSummary, EventView, FinishResult, Gauges, IdempotencyKey, KeyedStart, Published, RunQuery,
@@ -42,6 +42,8 @@ pub trait Backend: Send + Sync + 'static {
     fn report(&self, run: RunId) -> Fut<'_, RunReport>;
     /// Requests a cancel.
     fn cancel(&self, run: RunId) -> Fut<'_, CancelOutcome>;
+    /// Retries a finished run (docs/design/retry.md).
+    fn retry<'a>(&'a self, run: RunId, from: &'a [String], dry_run: bool) -> Fut<'a, Retry>;
     /// A task's attempts (`None`: no such task in the run).
     fn attempts<'a>(&'a self, run: RunId, task: &'a str) -> Fut<'a, Option<Vec<Attempt>>>;
     /// Events after a sequence number.
@@ -120,6 +122,9 @@ impl<S: Store> Backend for ServiceBackend<S> {
     }
     fn cancel(&self, run: RunId) -> Fut<'_, CancelOutcome> {
         Box::pin(self.service.cancel(run))
+    }
+    fn retry<'a>(&'a self, run: RunId, from: &'a [String], dry_run: bool) -> Fut<'a, Retry> {
+        Box::pin(self.service.retry(run, from, dry_run))
     }
     fn attempts<'a>(&'a self, run: RunId, task: &'a str) -> Fut<'a, Option<Vec<Attempt>>> {
         Box::pin(self.service.attempts(run, task))

@@ -5,6 +5,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use flowforge_app::Error;
+use flowforge_domain::retry::RetryRefusal;
 use flowforge_ports::PublishError;
 use serde::Serialize;
 use serde_json::Value;
@@ -124,6 +125,15 @@ impl From<Error> for Problem {
             Error::Refused(_) => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "refused_value", e.to_string()),
             Error::RunNotFound(_) | Error::WorkflowNotFound { .. } => Self::not_found(e.to_string()),
             Error::Load(flowforge_ports::LoadError::NotFound(_)) => Self::not_found(e.to_string()),
+            Error::RunNotRetryable { state, .. } => Self::new(StatusCode::CONFLICT, "run_not_retryable", e.to_string())
+                .with("state", state.to_string().into()),
+            Error::RunCompensated(_)
+            | Error::RetryRefused {
+                refusal: RetryRefusal::Compensated,
+                ..
+            } => Self::new(StatusCode::CONFLICT, "run_compensated", e.to_string()),
+            Error::RetryRefused { .. } => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "retry_refused", e.to_string()),
+            Error::RetryLost(_) => Self::new(StatusCode::CONFLICT, "retry_conflict", e.to_string()),
             Error::TimeoutTooLong(_) => {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_definition", e.to_string())
             }

@@ -192,6 +192,64 @@ impl Started {
 #[schema(value_type = Object)]
 pub struct Report(pub RunReport);
 
+/// What `POST /runs/{id}/retry` takes (docs/design/retry.md). An empty
+/// body retries every failed or cancelled task.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetryRun {
+    /// Redo these tasks and all their descendants, succeeded ones too
+    /// (default: every failed or cancelled task).
+    #[serde(default)]
+    pub from: Vec<String>,
+    /// Answer with the retry set and change nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// One task of a retry set.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RetryTask {
+    /// The task's key.
+    pub key: String,
+    /// Its state before the retry.
+    pub from: String,
+    /// `ready` or `pending` (waiting on tasks of the set).
+    pub to: String,
+}
+
+/// A retry's answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RetryAccepted {
+    /// Run id.
+    pub id: String,
+    /// The generation the retry opened (a dry run: would open).
+    pub generation: u32,
+    /// Whether anything was written (false for a dry run).
+    pub applied: bool,
+    /// The retry set, in dependency order.
+    pub tasks: Vec<RetryTask>,
+}
+
+impl RetryAccepted {
+    /// The answer for `retry` of run `id`.
+    pub fn new(id: String, retry: &flowforge_app::Retry) -> Self {
+        Self {
+            id,
+            generation: retry.generation,
+            applied: retry.applied,
+            tasks: retry
+                .resets
+                .iter()
+                .map(|r| RetryTask {
+                    key: r.key.clone(),
+                    from: r.from.to_string(),
+                    to: r.to.to_string(),
+                })
+                .collect(),
+        }
+    }
+}
+
 /// A cancel request's answer.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CancelAccepted {

@@ -47,10 +47,13 @@ export function mount(id) {
     const cancel = active
       ? h("button", { id: "cancel-run", type: "button", class: "danger", onclick: cancelRun }, "Cancel run…")
       : null;
+    const retry = run.state === "failed" || run.state === "cancelled"
+      ? h("button", { id: "retry-run", type: "button", onclick: retryRun }, "Retry run…")
+      : null;
     fill(header,
       h("div", { class: "title" },
         h("h1", {}, run.workflow.name, " ", h("span", { class: "muted" }, `v${run.workflow.version}`)),
-        badge(run.state), cancel),
+        badge(run.state), cancel, retry),
       h("dl", { class: "facts" },
         h("dt", {}, "Run"), h("dd", { class: "mono" }, run.run_id),
         h("dt", {}, "Definition"), h("dd", {}, h("a", { href: `/definitions/${encodeURIComponent(run.workflow.name)}/versions/${run.workflow.version}` },
@@ -71,6 +74,22 @@ export function mount(id) {
         button.disabled = true;
         button.textContent = "Cancel requested";
       }
+    } catch (e) {
+      report(e);
+    }
+  }
+
+  // The dry run comes first, so the confirmation names exactly the tasks
+  // that will run again (docs/design/retry.md).
+  async function retryRun() {
+    try {
+      const path = `/runs/${encodeURIComponent(id)}/retry`;
+      const plan = await api(path, { method: "POST", body: { dry_run: true } });
+      const list = plan.tasks.map((t) => `${t.key} (${t.from} → ${t.to})`).join(", ");
+      if (!await confirmed(`Retry run ${run.run_id} as generation ${plan.generation}? These tasks run again: ${list}. Every other task keeps its state and output.`)) return;
+      await api(path, { method: "POST", body: {} });
+      // The run's stream ended with the run; the page starts a new one.
+      location.reload();
     } catch (e) {
       report(e);
     }

@@ -11,8 +11,10 @@ use serde_json::Value;
 /// One attempt of one task.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Attempt {
-    /// 1-based attempt number.
+    /// 1-based attempt number, counted over every generation.
     pub attempt: u32,
+    /// The run generation it belongs to (docs/design/retry.md).
+    pub generation: u32,
     /// `running`, `succeeded`, `failed`, `cancelled` or `lease_expired`.
     pub state: &'static str,
     /// When the task last became ready before this claim (queued from here).
@@ -46,6 +48,7 @@ pub fn attempts(detail: &RunDetail, task: &str) -> Option<Vec<Attempt>> {
         match (event.transition.as_str(), open) {
             ("claim", _) => out.push(Attempt {
                 attempt: event.attempt.unwrap_or_default(),
+                generation: event.generation,
                 state: "running",
                 ready_at: ready_at.take().map(time),
                 started_at: time(event.at),
@@ -58,7 +61,11 @@ pub fn attempts(detail: &RunDetail, task: &str) -> Option<Vec<Attempt>> {
             ("succeed", Some(a)) => {
                 a.state = "succeeded";
                 a.finished_at = Some(time(event.at));
-                a.output.clone_from(&view.output);
+                // Only the row's latest success keeps its output: an
+                // earlier generation's was replaced when the task reran.
+                if a.attempt == view.attempt {
+                    a.output.clone_from(&view.output);
+                }
             }
             ("fail", Some(a)) => {
                 a.state = "failed";

@@ -288,6 +288,12 @@ where
         Ok(outcome)
     }
 
+    /// Retries a failed or cancelled run in place ([`Service::retry`],
+    /// docs/design/retry.md); a serving engine then runs its retry set.
+    pub async fn retry(&self, run: RunId, from: &[String], dry_run: bool) -> Result<crate::Retry, Error> {
+        self.service.retry(run, from, dry_run).await
+    }
+
     /// A scheduler over `scope`, sharing this engine's definitions and
     /// observers (for stepping a run by hand, e.g. in tests).
     pub fn scheduler(&self, scope: Scope) -> Scheduler<S> {

@@ -1,6 +1,8 @@
 //! The application's error type: what a use case or loop can fail with.
 
+use flowforge_domain::RunState;
 use flowforge_domain::limits::Refusal;
+use flowforge_domain::retry::RetryRefusal;
 use flowforge_ports::{LoadError, PublishError, RunId, queue, store};
 
 /// Why a use case failed.
@@ -64,6 +66,31 @@ pub enum Error {
     /// them.
     #[error("the engine's loops stopped before the run ended")]
     LoopStopped,
+    /// Only a failed or cancelled run can be retried (docs/design/retry.md).
+    #[error("run {run} is {state}; only a failed or cancelled run can be retried")]
+    RunNotRetryable {
+        /// The run.
+        run: RunId,
+        /// Its state.
+        state: RunState,
+    },
+    /// The retry set could not be decided as asked.
+    #[error("run {run} cannot be retried: {refusal}")]
+    RetryRefused {
+        /// The run.
+        run: RunId,
+        /// Why.
+        refusal: RetryRefusal,
+    },
+    /// The run's compensators have run; retrying it is not supported yet
+    /// (docs/design/retry.md#what-is-not-retried-yet).
+    #[error(
+        "run {0} was compensated: what it did has been undone, and retrying a compensated run is not supported yet"
+    )]
+    RunCompensated(RunId),
+    /// Another retry of the run (or a late write) changed it first.
+    #[error("run {0} changed while this retry was being applied (another retry won); read it again")]
+    RetryLost(RunId),
 }
 
 impl From<store::Error> for Error {
@@ -91,7 +118,11 @@ impl Error {
             | Self::WorkflowNotFound { .. }
             | Self::InvalidToken(_)
             | Self::TokenNameTaken(_)
-            | Self::TimeoutTooLong(_) => false,
+            | Self::TimeoutTooLong(_)
+            | Self::RunNotRetryable { .. }
+            | Self::RetryRefused { .. }
+            | Self::RunCompensated(_)
+            | Self::RetryLost(_) => false,
         }
     }
 }

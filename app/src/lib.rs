@@ -31,7 +31,7 @@ pub use engine::{Engine, EngineConfig, Serving};
 pub use error::Error;
 pub use registry::{HandlerRegistry, to_output};
 pub use report::RunReport;
-pub use service::{Closed, Service, TaskTypes, check_task_types};
+pub use service::{Closed, Retry, Service, TaskTypes, check_task_types};
 
 /// The wait before retry number `failures` of a loop talking to a store
 /// or a broker: exponential from 100 ms, full jitter, capped at 30 s.

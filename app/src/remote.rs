@@ -155,6 +155,7 @@ pub struct RemoteResult {
 struct Issued {
     workflow_id: WorkflowId,
     task_key: String,
+    /// Within the run's generation: what the retry policy counts.
     attempt: u32,
     lease: Duration,
     timeout: Duration,
@@ -325,7 +326,7 @@ impl<S: Store> RemoteWork<S> {
                 return None;
             }
             Err(e) => {
-                let retry_in = def.retry_policy(task).next_retry(claim.attempt, false);
+                let retry_in = def.retry_policy(task).next_retry(claim.generation_attempt(), false);
                 let error = format!("could not read the task's inputs: {e}");
                 self.give_up(worker, &claim, fail(error, retry_in)).await;
                 return None;
@@ -345,7 +346,7 @@ impl<S: Store> RemoteWork<S> {
             Issued {
                 workflow_id: claim.workflow_id,
                 task_key: claim.task_key.clone(),
-                attempt: claim.attempt,
+                attempt: claim.generation_attempt(),
                 lease,
                 timeout,
                 deadline: later(Instant::now(), timeout),

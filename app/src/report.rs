@@ -30,8 +30,10 @@ pub struct TaskReport {
     pub task_type: String,
     /// State (lower-case machine name).
     pub state: String,
-    /// Attempts made (1-based; the current one).
+    /// Attempts made (1-based; the current one), over every generation.
     pub attempt: u32,
+    /// The run generation it last ran in (docs/design/retry.md).
+    pub generation: u32,
     /// `user` or `upstream_failed` when cancelled.
     pub cancel_reason: Option<String>,
     /// Output when succeeded.
@@ -87,6 +89,8 @@ pub struct EventReport {
     pub at: String,
     /// Error recorded with it.
     pub error: Option<String>,
+    /// The run's generation when it was written (docs/design/retry.md).
+    pub generation: u32,
 }
 
 impl From<&EventView> for EventReport {
@@ -102,6 +106,7 @@ impl From<&EventView> for EventReport {
             worker: e.worker.clone(),
             at: e.at.to_rfc3339_opts(SecondsFormat::Millis, true),
             error: e.error.clone(),
+            generation: e.generation,
         }
     }
 }
@@ -115,6 +120,8 @@ pub struct RunReport {
     pub workflow: WorkflowRef,
     /// Run state.
     pub state: String,
+    /// 1, plus one per retry (docs/design/retry.md).
+    pub generation: u32,
     /// Run input.
     pub input: Value,
     /// When it moved to running.
@@ -147,6 +154,7 @@ impl RunReport {
                 task_type: def.task(key).map(|d| d.task_type().to_owned()).unwrap_or_default(),
                 state: t.state.to_string(),
                 attempt: t.attempt,
+                generation: t.generation,
                 cancel_reason: t.cancel_reason.map(|r| r.to_string()),
                 output: t.output.clone(),
                 error: t.error.clone(),
@@ -201,6 +209,7 @@ impl RunReport {
                 fingerprint: detail.fingerprint.clone(),
             },
             state: detail.summary.state.to_string(),
+            generation: detail.summary.generation,
             input: detail.input.clone(),
             started_at: time(detail.summary.started_at),
             finished_at: time(detail.summary.finished_at),

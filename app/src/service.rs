@@ -2,12 +2,13 @@
 //! report, list and close — so the CLI, the embedding facade and the HTTP
 //! API each go through one door per use case, over any store.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flowforge_domain::limits::{self, Limits, ValueKind};
-use flowforge_domain::{RunState, WorkflowDefinition};
+use flowforge_domain::retry::{Reset, reset_set};
+use flowforge_domain::{RunState, TaskRunState, WorkflowDefinition};
 use flowforge_ports::store::{
     CancelOutcome, DefinitionSummary, EventView, Gauges, IdempotencyKey, KeyedStart, Notifier, Published, RunQuery,
     Topic,
@@ -51,6 +52,18 @@ pub enum Closed {
     /// Cancellation is requested; a task is still running and stops when
     /// its worker sees the request or its lease runs out.
     StillStopping,
+}
+
+/// What [`Service::retry`] decided and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retry {
+    /// The run's generation after the retry (for a dry run: the one it
+    /// would open).
+    pub generation: u32,
+    /// The retry set, in dependency order, with each task's `reset` edge.
+    pub resets: Vec<Reset>,
+    /// False for a dry run: nothing was written.
+    pub applied: bool,
 }
 
 /// The use cases over one store.
@@ -285,6 +298,61 @@ impl<S: Store> Service<S> {
     /// next scheduler pass, running ones when their worker sees it.
     pub async fn cancel(&self, run: RunId) -> Result<CancelOutcome, Error> {
         self.store.request_cancel(run).await?.ok_or(Error::RunNotFound(run))
+    }
+
+    /// Retries a failed or cancelled run (docs/design/retry.md): decides the
+    /// retry set from the run's stored tasks and `from` (empty: every failed
+    /// or cancelled task), then, unless `dry_run`, opens the run's next
+    /// generation in one store call. The run keeps its id; nothing outside
+    /// the set changes. Of two concurrent retries exactly one applies; the
+    /// other gets [`Error::RetryLost`] or [`Error::RunNotRetryable`].
+    pub async fn retry(&self, run: RunId, from: &[String], dry_run: bool) -> Result<Retry, Error> {
+        let detail = self.store.get_run(run).await?.ok_or(Error::RunNotFound(run))?;
+        let state = detail.summary.state;
+        if !matches!(state, RunState::Failed | RunState::Cancelled) {
+            return Err(Error::RunNotRetryable { run, state });
+        }
+        let published = self.defs.get(detail.summary.workflow_id).await?;
+        let states: BTreeMap<&str, TaskRunState> = detail
+            .tasks
+            .iter()
+            .filter(|t| t.compensate_for.is_none())
+            .map(|t| (t.key.as_str(), t.state))
+            .collect();
+        let compensated: BTreeSet<&str> = detail
+            .tasks
+            .iter()
+            .filter_map(|t| t.compensate_for.as_deref())
+            .collect();
+        if !compensated.is_empty() {
+            // A compensator row is one per task per run, and the rollback
+            // of a later generation would find it already finished; until
+            // compensators are reset with their tasks, a compensated run is
+            // not retried, even from named tasks
+            // (docs/design/retry.md#what-is-not-retried-yet).
+            return Err(Error::RunCompensated(run));
+        }
+        let resets = reset_set(published.definition.graph(), &states, &compensated, from)
+            .map_err(|refusal| Error::RetryRefused { run, refusal })?;
+        let current = detail.summary.generation;
+        if dry_run {
+            return Ok(Retry {
+                generation: current + 1,
+                resets,
+                applied: false,
+            });
+        }
+        match self.store.resume_run(run, state, current, &resets).await? {
+            Some(generation) => {
+                tracing::info!(run_id = %run, generation, tasks = resets.len(), "run retried");
+                Ok(Retry {
+                    generation,
+                    resets,
+                    applied: true,
+                })
+            }
+            None => Err(Error::RetryLost(run)),
+        }
     }
 
     /// Waits until `run` is terminal, driven by whichever loops serve it:

@@ -556,7 +556,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             Err(e) => {
                 let message = format!("could not read the task's inputs: {e}");
                 event.error = Some(message.clone());
-                event.retry_in = policy.next_retry(claim.attempt, false);
+                event.retry_in = policy.next_retry(claim.generation_attempt(), false);
                 return (
                     TaskOutcome::Failed {
                         error: message,
@@ -624,7 +624,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
         // `Retry-After`) delays the retry past the policy's backoff, never
         // below it and never into an attempt the policy does not allow.
         event.retry_in = policy
-            .next_retry(claim.attempt, permanent_failure)
+            .next_retry(claim.generation_attempt(), permanent_failure)
             .map(|backoff| retry_after.map_or(backoff, |after| backoff.max(after)));
         (
             TaskOutcome::Failed {

@@ -34,8 +34,8 @@ use std::time::Duration;
 pub use flowforge_adapters_inproc::InprocQueue;
 pub use flowforge_adapters_sqlite::SqliteStore;
 pub use flowforge_app::{
-    BUILTIN_TYPES, BuiltinOptions, Closed, Engine, EngineConfig, Error, HandlerRegistry, RunReport, Service, Serving,
-    TaskTypes, to_output,
+    BUILTIN_TYPES, BuiltinOptions, Closed, Engine, EngineConfig, Error, HandlerRegistry, Retry, RunReport, Service,
+    Serving, TaskTypes, to_output,
 };
 pub use flowforge_domain::limits::{self, Limits, Refusal};
 pub use flowforge_domain::schema::{ParseError, parse_definition};

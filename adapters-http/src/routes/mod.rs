@@ -59,6 +59,7 @@ fn parts() -> (axum::Router<ApiState>, axum::Router<ApiState>, OpenApi) {
         .routes(routes!(runs::start, runs::list))
         .routes(routes!(runs::get))
         .routes(routes!(runs::cancel))
+        .routes(routes!(runs::retry))
         .routes(routes!(runs::attempts))
         .routes(routes!(ops::workers))
         .routes(routes!(worker::claims))

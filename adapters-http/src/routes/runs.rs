@@ -17,7 +17,9 @@ use crate::auth::require;
 use crate::body;
 use crate::problem::{Problem, ProblemBody};
 use crate::state::ApiState;
-use crate::views::{AttemptBody, AttemptList, CancelAccepted, Report, RunItem, RunPage, StartRun, Started};
+use crate::views::{
+    AttemptBody, AttemptList, CancelAccepted, Report, RetryAccepted, RetryRun, RunItem, RunPage, StartRun, Started,
+};
 
 /// The longest idempotency key accepted.
 const MAX_KEY_LEN: usize = 255;
@@ -249,6 +251,37 @@ pub(crate) async fn cancel(
         }),
     )
         .into_response())
+}
+
+/// Retry a failed or cancelled run in place (docs/design/retry.md): it
+/// keeps its id, opens its next generation, and reruns only the retry set.
+#[utoipa::path(
+    post, operation_id = "retryRun", path = "/runs/{id}/retry", tag = "runs",
+    params(("id" = String, Path, description = "Run id")),
+    request_body(content = RetryRun, description = "Empty: retry every failed or cancelled task"),
+    responses(
+        (status = 202, description = "Retried (or, for a dry run, the set it would retry)", body = RetryAccepted),
+        (status = 404, body = ProblemBody),
+        (status = 409, description = "run_not_retryable, run_compensated, retry_conflict", body = ProblemBody),
+        (status = 422, description = "retry_refused: a named task is unknown, or one would wait forever", body = ProblemBody),
+    ),
+    security(("bearer" = ["runs:write"]))
+)]
+pub(crate) async fn retry(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    raw: Bytes,
+) -> Result<Response, Problem> {
+    require(&state, &headers, ApiScope::RunsWrite).await?;
+    let run = run_id(&id)?;
+    let request: RetryRun = if raw.iter().all(u8::is_ascii_whitespace) {
+        RetryRun::default()
+    } else {
+        body::json(&headers, &raw)?
+    };
+    let retry = state.backend().retry(run, &request.from, request.dry_run).await?;
+    Ok((StatusCode::ACCEPTED, Json(RetryAccepted::new(run.to_string(), &retry))).into_response())
 }
 
 /// Every attempt of one task, oldest first.

@@ -10,7 +10,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use flowforge_app::attempts::Attempt;
 use flowforge_app::tokens::Verdict;
-use flowforge_app::{Error, RunReport};
+use flowforge_app::{Error, Retry, RunReport};
 use flowforge_domain::WorkflowDefinition;
 use flowforge_ports::store::{
     CancelOutcome, DefinitionSummary, EventView, Gauges, IdempotencyKey, KeyedStart, Published, RunQuery,
@@ -58,6 +58,9 @@ impl Backend for Stub {
         Box::pin(async { panic!("boom in a handler") })
     }
     fn cancel(&self, _: RunId) -> Fut<'_, CancelOutcome> {
+        missing()
+    }
+    fn retry<'a>(&'a self, _: RunId, _: &'a [String], _: bool) -> Fut<'a, Retry> {
         missing()
     }
     fn attempts<'a>(&'a self, _: RunId, _: &'a str) -> Fut<'a, Option<Vec<Attempt>>> {
@@ -178,6 +181,7 @@ fn no_route_bypasses_the_document() {
         "/api/v1/runs",
         "/api/v1/runs/{id}",
         "/api/v1/runs/{id}/cancel",
+        "/api/v1/runs/{id}/retry",
         "/api/v1/runs/{id}/tasks/{key}/attempts",
         "/api/v1/runs/{id}/events",
         "/api/v1/workers",
@@ -191,7 +195,7 @@ fn no_route_bypasses_the_document() {
     ] {
         assert!(paths.contains(&expected), "{expected} missing from {paths:?}");
     }
-    assert_eq!(paths.len(), 16, "{paths:?}");
+    assert_eq!(paths.len(), 17, "{paths:?}");
     // The web UI's pages (docs/design/ui.md) are served beside the API but
     // are not API: none may shadow or be shadowed by a documented path.
     for page in crate::ui::PAGES.iter().chain([&crate::ui::ASSETS]) {

@@ -1,13 +1,15 @@
-//! `flowforge runs list | get ID | cancel ID`: the runs in `--db`, past and
-//! current, and closing one (an abandoned run whose process died).
+//! `flowforge runs list | get ID | cancel ID | retry ID`: the runs in
+//! `--db`, past and current, closing one (an abandoned run whose process
+//! died), and retrying a failed or cancelled one in place.
 
 use std::time::Duration;
 
 use clap::ValueEnum;
-use flowforge::{Closed, RunReport, Service};
-use flowforge_ports::{RunId, Store};
+use flowforge::{Closed, Embedded, RunReport, Service};
+use flowforge_ports::{RunId, Scope, Store, WorkerId};
 
-use super::store::with_store;
+use super::common::{exit_for, host};
+use super::store::{Kind, kind, with_store};
 use super::{Exit, Global, fail, print_report};
 
 /// How a run report is printed.
@@ -47,6 +49,29 @@ pub(crate) enum Command {
         /// The run id.
         id: RunId,
     },
+    /// Retry a failed or cancelled run in place (docs/design/retry.md): it
+    /// keeps its id and opens its next generation; only the retry set runs
+    /// again, every other task keeps its state and output. On SQLite the
+    /// run is driven to its end here and its report printed, as `flowforge
+    /// run` does (command tasks run from the current directory); on
+    /// PostgreSQL the workers take it up.
+    Retry {
+        /// The run id.
+        id: RunId,
+        /// Redo this task and all its descendants, succeeded ones too
+        /// (repeatable; default: every failed or cancelled task).
+        #[arg(long = "from", value_name = "KEY")]
+        from: Vec<String>,
+        /// Print the retry set and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Only reset the run; do not drive it here.
+        #[arg(long)]
+        detach: bool,
+        /// Report format.
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
 }
 
 /// Runs a `runs` subcommand.
@@ -57,6 +82,21 @@ pub(crate) async fn run(global: &Global, command: Command) -> anyhow::Result<Exi
             Command::List { limit, output } => list(&service, limit, output).await,
             Command::Get { id, output } => get(&service, id, output).await,
             Command::Cancel { id } => cancel(&service, id, global.lease()).await,
+            Command::Retry {
+                id,
+                from,
+                dry_run,
+                detach,
+                output,
+            } => {
+                let drive = !dry_run && !detach && kind(&global.db) == Ok(Kind::Sqlite);
+                let retried = retry(&service, id, &from, dry_run, output).await?;
+                match retried {
+                    Some(()) if drive => drive_to_end(service.store().clone(), global, id, output).await,
+                    Some(()) => Ok(Exit::Ok),
+                    None => Ok(Exit::Invalid),
+                }
+            }
         }
     })
 }
@@ -147,6 +187,86 @@ async fn cancel<S: Store>(service: &Service<S>, id: RunId, lease: Duration) -> a
         Err(e) => return Ok(fail(&e)),
     }
     Ok(Exit::Ok)
+}
+
+/// Applies (or, for a dry run, decides) a retry and prints its set: on
+/// stdout for a dry run or a detached retry, as the JSON object the API
+/// answers with `--output json`; on stderr before a driven run's report.
+/// `None` when it was refused (the error printed).
+async fn retry<S: Store>(
+    service: &Service<S>,
+    id: RunId,
+    from: &[String],
+    dry_run: bool,
+    output: Output,
+) -> anyhow::Result<Option<()>> {
+    let retry = match service.retry(id, from, dry_run).await {
+        Ok(retry) => retry,
+        Err(e) => {
+            fail(&e);
+            return Ok(None);
+        }
+    };
+    let text = match output {
+        Output::Json => {
+            let tasks: Vec<serde_json::Value> = retry
+                .resets
+                .iter()
+                .map(|r| serde_json::json!({"key": r.key, "from": r.from.as_str(), "to": r.to.as_str()}))
+                .collect();
+            let body = serde_json::json!({
+                "id": id.to_string(), "generation": retry.generation, "applied": retry.applied, "tasks": tasks,
+            });
+            format!("{}\n", serde_json::to_string_pretty(&body)?)
+        }
+        Output::Text => {
+            let verb = if retry.applied { "retrying" } else { "would retry" };
+            let mut text = format!("run {id} generation {}: {verb}\n", retry.generation);
+            for r in &retry.resets {
+                text.push_str(&format!("  {} ({} → {})\n", r.key, r.from, r.to));
+            }
+            text
+        }
+    };
+    if retry.applied && output == Output::Json {
+        // The driven run's report follows on stdout; the set goes beside it.
+        eprint!("{text}");
+    } else {
+        print_report(&text)?;
+    }
+    Ok(Some(()))
+}
+
+/// Drives a retried run to its end in this process (the embedded mode)
+/// and prints its report, exiting as `flowforge run` does.
+async fn drive_to_end<S: Store>(store: S, global: &Global, id: RunId, output: Output) -> anyhow::Result<Exit> {
+    let engine = Embedded::builder()
+        .lease(global.lease())
+        .limits(global.limits())
+        .worker_id(WorkerId(format!("{}:{}", host(), std::process::id())))
+        .build_on(store);
+    let mut serving = engine.serve(Scope::Run(id));
+    let outcome = loop {
+        tokio::select! {
+            settled = engine.wait(id) => break settled.map(|_| ()),
+            failed = serving.failed() => {
+                if let Err(e) = failed {
+                    break Err(e);
+                }
+            }
+        }
+    };
+    let stopped = serving.stop().await;
+    if let Err(e) = outcome.and(stopped) {
+        return Ok(fail(&e));
+    }
+    match engine.report(id).await {
+        Ok(report) => {
+            print_run_report(&report, output)?;
+            Ok(exit_for(report.run_state()))
+        }
+        Err(e) => Ok(fail(&e)),
+    }
 }
 
 /// Prints a run report as text or JSON on stdout.

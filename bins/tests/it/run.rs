@@ -760,3 +760,99 @@ fn on_a_terminal_the_progress_is_a_live_view() {
     assert!(shown.contains("join") && shown.contains("succeeded"), "{shown}");
     assert!(!shown.contains("] start"), "plain lines on a terminal:\n{shown}");
 }
+
+/// `flowforge runs retry` (docs/design/retry.md): a failed run is retried
+/// in place — the dry run lists the set and changes nothing; the retry
+/// reruns only the failed task and the one it cancelled, keeps the
+/// succeeded task's attempt and output, and the history holds both
+/// generations; a succeeded run is not retried (exit 2).
+#[test]
+fn a_failed_run_is_retried_in_place_from_the_failed_task() {
+    let w = Workdir::new();
+    let file = w.json(
+        "retry.json",
+        &json!({"name": "retry-me", "version": 1, "tasks": [
+            {"key": "first", "task_type": "echo"},
+            {"key": "flaky", "task_type": "fail", "depends_on": ["first"], "config": {"fail_times": 1}},
+            {"key": "after", "task_type": "echo", "depends_on": ["flaky"]}
+        ]}),
+    );
+    let out = w.run(["run".as_ref(), file.as_os_str(), "--output".as_ref(), "json".as_ref()]);
+    assert_eq!(out.code, 1, "{out:?}");
+    let failed = assert_schema_valid(SCHEMA, &out.stdout);
+    let id = failed["run_id"].as_str().expect("run id").to_owned();
+    assert_eq!((&failed["state"], &failed["generation"]), (&json!("failed"), &json!(1)));
+
+    let dry = w.run(["runs", "retry", &id, "--dry-run"]);
+    assert_eq!(dry.code, 0, "{dry:?}");
+    assert_eq!(
+        dry.stdout,
+        format!("run {id} generation 2: would retry\n  flaky (failed → ready)\n  after (cancelled → pending)\n")
+    );
+    let unchanged = w.run(["runs", "get", &id, "--output", "json"]);
+    assert_eq!(
+        assert_schema_valid(SCHEMA, &unchanged.stdout),
+        failed,
+        "a dry run writes nothing"
+    );
+
+    let retried = w.run(["runs", "retry", &id, "--output", "json"]);
+    assert_eq!(retried.code, 0, "{retried:?}");
+    let report = assert_schema_valid(SCHEMA, &retried.stdout);
+    check_report_consistency(&report);
+    assert_eq!((&report["run_id"], &report["state"]), (&json!(id), &json!("succeeded")));
+    assert_eq!(report["generation"], 2);
+    assert_eq!(
+        task(&report, "first"),
+        task(&failed, "first"),
+        "a kept task is untouched"
+    );
+    assert_eq!(
+        (
+            &task(&report, "flaky")["attempt"],
+            &task(&report, "flaky")["generation"]
+        ),
+        (&json!(2), &json!(2))
+    );
+    assert_eq!(task(&report, "flaky")["output"], json!({"attempts": 2}));
+    let events = report["events"].as_array().expect("events");
+    let resume = events
+        .iter()
+        .position(|e| e["transition"] == "resume")
+        .expect("a resume event");
+    assert!(events[..resume].iter().all(|e| e["generation"] == 1));
+    assert!(events[resume..].iter().all(|e| e["generation"] == 2));
+    assert!(
+        events[..resume]
+            .iter()
+            .any(|e| e["task"] == "flaky" && e["transition"] == "fail"),
+        "generation 1's failed attempt stays in the history"
+    );
+
+    let again = w.run(["runs", "retry", &id]);
+    assert_eq!(again.code, 2, "{again:?}");
+    assert!(
+        again.stderr.contains("only a failed or cancelled run can be retried"),
+        "{again:?}"
+    );
+}
+
+/// A run whose compensators have run is not retried, with or without
+/// `--from` (docs/design/retry.md#what-is-not-retried-yet): exit 2, saying
+/// why, and the run is left as it was.
+#[test]
+fn a_compensated_run_is_not_retried() {
+    let (w, out, report) = run_example("saga");
+    assert_eq!(out.code, 1, "{out:?}");
+    let id = report["run_id"].as_str().expect("run id").to_owned();
+    for args in [
+        vec!["runs", "retry", &id],
+        vec!["runs", "retry", &id, "--from", "reserve_inventory"],
+    ] {
+        let refused = w.run(&args);
+        assert_eq!(refused.code, 2, "{refused:?}");
+        assert!(refused.stderr.contains("was compensated"), "{refused:?}");
+    }
+    let after = w.run(["runs", "get", &id, "--output", "json"]);
+    assert_eq!(assert_schema_valid(SCHEMA, &after.stdout), report);
+}

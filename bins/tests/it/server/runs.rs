@@ -216,3 +216,81 @@ on_both!(pages_walk_every_run_once, &[], |api| {
         assert_eq!(problem["code"], "bad_request", "{bad}: {problem:#}");
     }
 });
+
+on_both!(a_failed_run_is_retried_over_the_api, &[], |api| {
+    api.publish(&definition(
+        "flaky",
+        1,
+        &[
+            ("first", "echo", &[], json!({})),
+            ("flaky", "fail", &["first"], json!({"fail_times": 1})),
+            ("after", "echo", &["flaky"], json!({})),
+        ],
+    ))
+    .await;
+    let id = api.start_run("flaky", json!({"n": 1})).await;
+    let failed = api.wait_run(&id).await;
+    assert_eq!(failed["state"], "failed", "{failed:#}");
+    let retry = format!("/api/v1/runs/{id}/retry");
+
+    // The dry run names the set and writes nothing.
+    let response = api
+        .post(&retry, &json!({"dry_run": true}))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(
+        json_of(response, 202).await,
+        json!({"id": id, "generation": 2, "applied": false, "tasks": [
+            {"key": "flaky", "from": "failed", "to": "ready"},
+            {"key": "after", "from": "cancelled", "to": "pending"}
+        ]})
+    );
+    assert_eq!(api.get_json(&format!("/api/v1/runs/{id}"), 200).await, failed);
+    let response = api
+        .post(&retry, &json!({"from": ["zz"]}))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(json_of(response, 422).await["code"], "retry_refused");
+
+    // Two retries at once: one opens generation 2, the other is refused.
+    let (a, b) = tokio::join!(api.post(&retry, &json!({})).send(), api.post(&retry, &json!({})).send());
+    let mut codes = [
+        a.expect("answers").status().as_u16(),
+        b.expect("answers").status().as_u16(),
+    ];
+    codes.sort_unstable();
+    assert_eq!(codes, [202, 409]);
+
+    let report = api.wait_run(&id).await;
+    assert_eq!(
+        (&report["state"], &report["generation"]),
+        (&json!("succeeded"), &json!(2)),
+        "{report:#}"
+    );
+    assert_eq!(
+        report["tasks"][0], failed["tasks"][0],
+        "the succeeded task is kept as it was"
+    );
+    let attempts = api
+        .get_json(&format!("/api/v1/runs/{id}/tasks/flaky/attempts"), 200)
+        .await;
+    let seen: Vec<(Value, Value, Value)> = attempts["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|a| (a["attempt"].clone(), a["generation"].clone(), a["state"].clone()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (json!(1), json!(1), json!("failed")),
+            (json!(2), json!(2), json!("succeeded"))
+        ],
+        "{attempts:#}"
+    );
+
+    let response = api.post(&retry, &json!({})).send().await.expect("answers");
+    assert_eq!(json_of(response, 409).await["code"], "run_not_retryable");
+});
