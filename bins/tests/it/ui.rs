@@ -219,6 +219,52 @@ async fn screenshot_of_a_failed_saga_shows_its_compensators_and_every_attempt() 
     browser.close().await;
 }
 
+/// The Retry button of a failed run shows the dry-run set in its
+/// confirmation first (docs/design/retry.md); confirmed, the run's next
+/// generation runs and the page follows it to its end.
+#[tokio::test]
+async fn a_failed_run_is_retried_from_the_page_after_its_set_is_shown() {
+    let Some((api, browser)) = setup("ui-retry", &[]).await else {
+        return;
+    };
+    let def = definition(
+        "flaky",
+        1,
+        &[
+            ("flaky", "fail", &[], json!({"fail_times": 1})),
+            ("after", "noop", &["flaky"], json!({})),
+        ],
+    );
+    let id = finished_run_page(&api, &browser, &def).await;
+    browser.wait_for("#run-header[data-run-state=\"failed\"]").await;
+    browser.click("#retry-run").await;
+    browser.wait_for("dialog#confirm[open]").await;
+    let text = browser
+        .js("return document.getElementById('confirm-text').textContent", vec![])
+        .await;
+    let text = text.as_str().expect("the confirmation's text");
+    assert!(
+        text.contains("generation 2") && text.contains("flaky (failed → ready), after (cancelled → pending)"),
+        "{text}"
+    );
+    browser.click("#confirm-yes").await;
+    browser.wait_for("#run-header[data-run-state=\"succeeded\"]").await;
+    browser
+        .wait_for(".node[data-task-key=\"after\"][data-state=\"succeeded\"]")
+        .await;
+    let report = api.wait_run(&id).await;
+    assert_eq!(
+        (&report["state"], &report["generation"]),
+        (&json!("succeeded"), &json!(2))
+    );
+    assert_eq!(
+        browser.js("return document.querySelector('#retry-run')", vec![]).await,
+        Value::Null,
+        "no retry button on a succeeded run"
+    );
+    browser.close().await;
+}
+
 #[tokio::test]
 async fn a_sleeping_run_is_cancelled_from_the_page_and_a_reload_shows_the_same() {
     let Some((api, browser)) = setup("ui-cancel", &[]).await else {
