@@ -127,8 +127,7 @@ impl From<Error> for Problem {
             Error::Load(flowforge_ports::LoadError::NotFound(_)) => Self::not_found(e.to_string()),
             Error::RunNotRetryable { state, .. } => Self::new(StatusCode::CONFLICT, "run_not_retryable", e.to_string())
                 .with("state", state.to_string().into()),
-            Error::RunCompensated(_)
-            | Error::RetryRefused {
+            Error::RetryRefused {
                 refusal: RetryRefusal::Compensated,
                 ..
             } => Self::new(StatusCode::CONFLICT, "run_compensated", e.to_string()),

@@ -80,14 +80,27 @@ export function mount(id) {
   }
 
   // The dry run comes first, so the confirmation names exactly the tasks
-  // that will run again (docs/design/retry.md).
+  // that will run again (docs/design/retry.md). A compensated run is
+  // retried from its failed and cancelled tasks: the server then redoes
+  // the compensated ones by rule, and the confirmation says so
+  // (docs/design/retry.md#compensated-runs).
   async function retryRun() {
     try {
       const path = `/runs/${encodeURIComponent(id)}/retry`;
-      const plan = await api(path, { method: "POST", body: { dry_run: true } });
+      let body = {};
+      let plan;
+      try {
+        plan = await api(path, { method: "POST", body: { dry_run: true } });
+      } catch (e) {
+        if (e.code !== "run_compensated") throw e;
+        const from = run.tasks.filter((t) => t.state === "failed" || t.state === "cancelled").map((t) => t.key);
+        body = { from };
+        plan = await api(path, { method: "POST", body: { from, dry_run: true } });
+      }
       const list = plan.tasks.map((t) => `${t.key} (${t.from} → ${t.to})`).join(", ");
-      if (!await confirmed(`Retry run ${run.run_id} as generation ${plan.generation}? These tasks run again: ${list}. Every other task keeps its state and output.`)) return;
-      await api(path, { method: "POST", body: {} });
+      const undone = body.from ? " The run was compensated, so the tasks its rollback undid run again too." : "";
+      if (!await confirmed(`Retry run ${run.run_id} as generation ${plan.generation}? These tasks run again: ${list}.${undone} Every other task keeps its state and output.`)) return;
+      await api(path, { method: "POST", body });
       // The run's stream ended with the run; the page starts a new one.
       location.reload();
     } catch (e) {

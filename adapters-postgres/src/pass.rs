@@ -316,7 +316,18 @@ impl RunPass for PgRunPass {
             )));
         }
         self.dispatched |= woke;
-        Ok(created)
+        if created {
+            return Ok(true);
+        }
+        let rearmed: bool = sqlx::query_scalar(queries::REARM_COMPENSATOR)
+            .bind(offset)
+            .bind(self.run.id.0)
+            .bind(key)
+            .fetch_one(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        self.dispatched |= rearmed;
+        Ok(rearmed)
     }
 
     async fn transition_run(&mut self, edge: RunTransition) -> Result<bool, store::Error> {

@@ -362,9 +362,14 @@ impl RunPass for SqlitePass {
                 self.run.workflow_id
             )));
         }
-        let created = tagged(&rows, CREATED).next().is_some();
-        self.wrote_outbox |= created;
-        Ok(created)
+        if tagged(&rows, CREATED).next().is_some() {
+            self.wrote_outbox = true;
+            return Ok(true);
+        }
+        let q = self.query(queries::REARM_COMPENSATOR).bind(key.to_owned());
+        let rearmed = tagged(&self.change(q).await?, CREATED).next().is_some();
+        self.wrote_outbox |= rearmed;
+        Ok(rearmed)
     }
 
     async fn transition_run(&mut self, edge: RunTransition) -> Result<bool, store::Error> {

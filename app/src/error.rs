@@ -82,12 +82,6 @@ pub enum Error {
         /// Why.
         refusal: RetryRefusal,
     },
-    /// The run's compensators have run; retrying it is not supported yet
-    /// (docs/design/retry.md#what-is-not-retried-yet).
-    #[error(
-        "run {0} was compensated: what it did has been undone, and retrying a compensated run is not supported yet"
-    )]
-    RunCompensated(RunId),
     /// Another retry of the run (or a late write) changed it first.
     #[error("run {0} changed while this retry was being applied (another retry won); read it again")]
     RetryLost(RunId),
@@ -121,7 +115,6 @@ impl Error {
             | Self::TimeoutTooLong(_)
             | Self::RunNotRetryable { .. }
             | Self::RetryRefused { .. }
-            | Self::RunCompensated(_)
             | Self::RetryLost(_) => false,
         }
     }

@@ -58,8 +58,12 @@ pub struct CompensationReport {
     pub compensate_for: String,
     /// State, or `not_run` for one the rollback never reached.
     pub state: String,
-    /// Attempts made (0 when not run).
+    /// Attempts made (0 when not run), over every generation.
     pub attempt: u32,
+    /// The run generation whose rollback it last ran in (the run's current
+    /// one when not run): a retried run's later rollback runs it again
+    /// (docs/design/retry.md#compensated-runs).
+    pub generation: u32,
     /// Output when succeeded.
     pub output: Option<Value>,
     /// Last error.
@@ -173,6 +177,7 @@ impl RunReport {
                 compensate_for: t.compensate_for.clone().unwrap_or_default(),
                 state: t.state.to_string(),
                 attempt: t.attempt,
+                generation: t.generation,
                 output: t.output.clone(),
                 error: t.error.clone(),
             })
@@ -192,6 +197,7 @@ impl RunReport {
                         compensate_for: forward.to_owned(),
                         state: "not_run".to_owned(),
                         attempt: 0,
+                        generation: detail.summary.generation,
                         output: None,
                         error: None,
                     });

@@ -11,7 +11,7 @@ use flowforge_domain::retry::{Reset, reset_set};
 use flowforge_domain::{RunState, TaskRunState, WorkflowDefinition};
 use flowforge_ports::store::{
     CancelOutcome, DefinitionSummary, EventView, Gauges, IdempotencyKey, KeyedStart, Notifier, Published, RunQuery,
-    Topic,
+    TaskRunView, Topic,
 };
 use flowforge_ports::{RunId, RunSummary, Scope, Store, WorkerInfo, WorkflowId};
 use serde_json::Value;
@@ -313,25 +313,24 @@ impl<S: Store> Service<S> {
             return Err(Error::RunNotRetryable { run, state });
         }
         let published = self.defs.get(detail.summary.workflow_id).await?;
-        let states: BTreeMap<&str, TaskRunState> = detail
+        let forward: BTreeMap<&str, &TaskRunView> = detail
             .tasks
             .iter()
             .filter(|t| t.compensate_for.is_none())
-            .map(|t| (t.key.as_str(), t.state))
+            .map(|t| (t.key.as_str(), t))
             .collect();
+        let states: BTreeMap<&str, TaskRunState> = forward.iter().map(|(k, t)| (*k, t.state)).collect();
+        // A task counts as compensated while its compensator ran after the
+        // task's last reset: once a retry redoes it in a later generation,
+        // what it did stands again (docs/design/retry.md#compensated-runs).
         let compensated: BTreeSet<&str> = detail
             .tasks
             .iter()
-            .filter_map(|t| t.compensate_for.as_deref())
+            .filter_map(|c| {
+                let undone = forward.get(c.compensate_for.as_deref()?)?;
+                (c.generation >= undone.generation).then_some(undone.key.as_str())
+            })
             .collect();
-        if !compensated.is_empty() {
-            // A compensator row is one per task per run, and the rollback
-            // of a later generation would find it already finished; until
-            // compensators are reset with their tasks, a compensated run is
-            // not retried, even from named tasks
-            // (docs/design/retry.md#what-is-not-retried-yet).
-            return Err(Error::RunCompensated(run));
-        }
         let resets = reset_set(published.definition.graph(), &states, &compensated, from)
             .map_err(|refusal| Error::RetryRefused { run, refusal })?;
         let current = detail.summary.generation;

@@ -31,6 +31,17 @@ macro_rules! event_insert {
     };
 }
 
+/// The SET list of the `reset` edge (docs/design/retry.md), after its
+/// target state: attempt + 1 with the earlier ones as `attempt_base`, token
+/// + 1, everything the earlier attempt left cleared. The row is `tr`.
+macro_rules! reset_set {
+    () => {
+        "attempt = tr.attempt + 1, attempt_base = tr.attempt, fencing_token = tr.fencing_token + 1, \
+         cancel_reason = NULL, finished_at = NULL, result = NULL, result_bytes = NULL, error = NULL, \
+         retry_at = NULL, progress = NULL, needs_pass = false"
+    };
+}
+
 /// The tail of a promotion to ready: closes the `moved` CTE (the rows made
 /// ready: id, run_id, task_key, attempt, fencing_token), then writes each
 /// row's `$edge` event from `$from` and its outbox row (task type from

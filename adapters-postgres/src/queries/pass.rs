@@ -145,22 +145,28 @@ pub const ACTIVITY: &str = concat!("SELECT ", activity_columns!("$1", "$2"));
 pub const SUCCEEDED_KEYS: &str =
     "SELECT task_key FROM task_run WHERE run_id = $1 AND compensate_for IS NULL AND state = 'succeeded'";
 
-/// compensator_states (`uniq_taskrun_run_key`). `$1` run.
-pub const COMPENSATOR_STATES: &str =
-    "SELECT task_key, state FROM task_run WHERE run_id = $1 AND compensate_for IS NOT NULL ORDER BY id";
+/// compensator_states: the compensator rows of the run's current
+/// generation; an earlier generation's rollback is not this one's
+/// (docs/design/retry.md#compensated-runs) (`uniq_taskrun_run_key`). `$1` run.
+pub const COMPENSATOR_STATES: &str = "\
+SELECT task_key, state FROM task_run
+WHERE run_id = $1 AND compensate_for IS NOT NULL
+  AND generation = (SELECT generation FROM workflow_run WHERE id = $1)
+ORDER BY id";
 
-/// create_compensator: the compensator row, ready, with its outbox row;
-/// nothing when it exists. `$1` offset, `$2` run, `$3`
-/// workflow, `$4` key, `$5` compensated key.
+/// create_compensator: the compensator row, ready, in the run's current
+/// generation, with its outbox row; nothing when it exists
+/// ([`REARM_COMPENSATOR`] takes an earlier generation's). `$1` offset, `$2`
+/// run, `$3` workflow, `$4` key, `$5` compensated key.
 pub const CREATE_COMPENSATOR: &str = concat!(
     "WITH known AS (
     SELECT t.key, t.task_type FROM task AS t
     WHERE t.workflow_id = $3 AND t.key = $4 AND t.compensate_for = $5
 ), created AS (
-    INSERT INTO task_run (run_id, task_key, compensate_for, state, pending_deps, created_at)
+    INSERT INTO task_run (run_id, task_key, compensate_for, state, pending_deps, created_at, generation)
     SELECT $2, k.key, $5, 'ready', 0, ",
     now!(),
-    " FROM known AS k
+    ", (SELECT generation FROM workflow_run WHERE id = $2) FROM known AS k
     ON CONFLICT ON CONSTRAINT uniq_taskrun_run_key DO NOTHING
     RETURNING id, run_id, task_key, fencing_token
 ), dispatched AS (
@@ -174,6 +180,41 @@ pub const CREATE_COMPENSATOR: &str = concat!(
 SELECT (SELECT count(*) FROM known) > 0 AS known, (SELECT count(*) FROM created) > 0 AS created, ",
     any_row!("dispatched"),
     " AS woke"
+);
+
+/// create_compensator, when the row exists from an earlier generation's
+/// rollback (docs/design/retry.md#compensated-runs): it takes `reset` to
+/// ready in the current generation as a retried forward task does —
+/// attempt + 1 over its earlier attempts, token + 1, its output and error
+/// cleared — with its event and dispatch. The self-join reads the state it
+/// leaves. `$1` offset, `$2` run, `$3` key.
+pub const REARM_COMPENSATOR: &str = concat!(
+    "WITH moved AS (
+    UPDATE task_run AS tr
+    SET state = 'ready', pending_deps = 0, generation = wr.generation, ",
+    reset_set!(),
+    "
+    FROM task_run AS old, workflow_run AS wr
+    WHERE tr.run_id = $2 AND tr.task_key = $3 AND tr.compensate_for IS NOT NULL
+      AND old.id = tr.id AND wr.id = tr.run_id AND tr.generation < wr.generation
+      AND tr.state IN ('succeeded', 'failed', 'cancelled')
+    RETURNING tr.id, tr.run_id, tr.task_key, old.state AS from_state, tr.state, tr.attempt, tr.fencing_token,
+              wr.workflow_id
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, 'reset', from_state, state, attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM moved
+), dispatched AS (
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
+    now!(),
+    "
+    FROM moved AS m JOIN task AS t ON t.workflow_id = m.workflow_id AND t.key = m.task_key
+    RETURNING id
+)
+SELECT count(*) > 0 FROM dispatched"
 );
 
 /// transition_run: a WorkflowRun edge conditional on the stored state,

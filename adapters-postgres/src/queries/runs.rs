@@ -588,10 +588,9 @@ pub const RESET_TASKS: &str = concat!(
     SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $6::int4[]) AS p(key, from_state, to_state, pending_deps)
 ), moved AS (
     UPDATE task_run AS tr
-    SET state = p.to_state, attempt = tr.attempt + 1, attempt_base = tr.attempt,
-        fencing_token = tr.fencing_token + 1, pending_deps = p.pending_deps, generation = $7,
-        cancel_reason = NULL, finished_at = NULL, result = NULL, result_bytes = NULL, error = NULL,
-        retry_at = NULL, progress = NULL, needs_pass = false
+    SET state = p.to_state, pending_deps = p.pending_deps, generation = $7, ",
+    reset_set!(),
+    "
     FROM planned AS p
     WHERE tr.run_id = $2 AND tr.task_key = p.key AND tr.state = p.from_state AND tr.compensate_for IS NULL
     RETURNING tr.id, tr.run_id, tr.task_key, p.from_state, tr.state, tr.attempt, tr.fencing_token

@@ -109,6 +109,16 @@ macro_rules! task_type_of {
     };
 }
 
+/// The SET list of the `reset` edge (docs/design/retry.md), after its
+/// target state: attempt + 1 with the earlier ones as `attempt_base`, token
+/// + 1, everything the earlier attempt left cleared.
+macro_rules! reset_set {
+    () => {
+        "attempt = attempt + 1, attempt_base = attempt, fencing_token = fencing_token + 1, cancel_reason = NULL, \
+         finished_at = NULL, result = NULL, error = NULL, retry_at = NULL, progress = NULL, needs_pass = 0"
+    };
+}
+
 mod definitions;
 mod outbox;
 mod pass;
@@ -150,6 +160,7 @@ pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
         ("cancel_pending", CANCEL_PENDING),
         ("cancel_waiting", CANCEL_WAITING_CALL),
         ("create_compensator", CREATE_COMPENSATOR),
+        ("rearm_compensator", REARM_COMPENSATOR),
         ("transition_run", TRANSITION_RUN),
         ("commit restoring", COMMIT_RESTORING),
         ("mark published", MARK_PUBLISHED),

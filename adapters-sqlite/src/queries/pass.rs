@@ -260,14 +260,15 @@ pub(crate) const CANCEL_WAITING_CALL: &str = concat!(
 );
 
 /// create_compensator in one call: the declared task, the row (only when
-/// declared so, once), its dispatch when it was created. `?3` workflow,
-/// `?4` key, `?5` the task it undoes.
+/// declared so, once) in the run's current generation, its dispatch when it
+/// was created ([`REARM_COMPENSATOR`] takes an earlier generation's row).
+/// `?3` workflow, `?4` key, `?5` the task it undoes.
 pub(crate) const CREATE_COMPENSATOR: &str = concat!(
     "SELECT 5 AS tag, compensate_for FROM task WHERE workflow_id = ?3 AND key = ?4; \
-     INSERT INTO task_run (run_id, task_key, compensate_for, state, pending_deps, created_at) \
+     INSERT INTO task_run (run_id, task_key, compensate_for, state, pending_deps, created_at, generation) \
      SELECT ?2, ?4, ?5, 'ready', 0, ",
     now!(),
-    " WHERE EXISTS (SELECT 1 FROM task WHERE workflow_id = ?3 AND key = ?4 AND compensate_for = ?5) \
+    ", (SELECT generation FROM workflow_run WHERE id = ?2) WHERE EXISTS (SELECT 1 FROM task WHERE workflow_id = ?3 AND key = ?4 AND compensate_for = ?5) \
      ON CONFLICT (run_id, task_key) DO NOTHING RETURNING 6 AS tag, id; \
      INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
      SELECT tr.id, tr.run_id, tr.task_key, ",
@@ -275,6 +276,45 @@ pub(crate) const CREATE_COMPENSATOR: &str = concat!(
     ", tr.fencing_token, ",
     now!(),
     " FROM task_run tr WHERE tr.run_id = ?2 AND tr.task_key = ?4 AND changes() = 1; ",
+    activity!()
+);
+
+/// The compensator row `?3` of run `?2` when an earlier generation's
+/// rollback left it finished.
+macro_rules! stale_compensator {
+    () => {
+        "task_run WHERE run_id = ?2 AND task_key = ?3 AND compensate_for IS NOT NULL \
+         AND state IN ('succeeded', 'failed', 'cancelled') \
+         AND generation < (SELECT generation FROM workflow_run WHERE id = ?2)"
+    };
+}
+
+/// create_compensator, when the row exists from an earlier generation's
+/// rollback (docs/design/retry.md#compensated-runs), in one call: its
+/// `reset` event (read before the row moves), then `reset` to ready in the
+/// current generation as a retried forward task takes it — attempt + 1
+/// over its earlier attempts, token + 1, output and error cleared — and its
+/// dispatch. `?3` key.
+pub(crate) const REARM_COMPENSATOR: &str = concat!(
+    event_insert!(),
+    "SELECT ",
+    next_event_id!(),
+    " + 1, id, run_id, task_key, 'reset', state, 'ready', attempt + 1, fencing_token + 1, NULL, ",
+    now!(),
+    ", NULL FROM ",
+    stale_compensator!(),
+    "; UPDATE task_run SET state = 'ready', pending_deps = 0, \
+     generation = (SELECT generation FROM workflow_run WHERE id = ?2), ",
+    reset_set!(),
+    " WHERE id = (SELECT id FROM ",
+    stale_compensator!(),
+    ") RETURNING 6 AS tag, id; \
+     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+     SELECT tr.id, tr.run_id, tr.task_key, ",
+    task_type_of!("tr"),
+    ", tr.fencing_token, ",
+    now!(),
+    " FROM task_run tr WHERE tr.run_id = ?2 AND tr.task_key = ?3 AND changes() = 1; ",
     activity!()
 );
 
@@ -308,5 +348,8 @@ pub(crate) const TALLY: &str = "SELECT state, cancel_reason, COUNT(*), MAX(start
 pub(crate) const SUCCEEDED_KEYS: &str =
     "SELECT task_key FROM task_run WHERE run_id = ?1 AND state = 'succeeded' AND compensate_for IS NULL";
 
-pub(crate) const COMPENSATOR_STATES: &str =
-    "SELECT task_key, state FROM task_run WHERE run_id = ?1 AND compensate_for IS NOT NULL ORDER BY id";
+/// compensator_states: the current generation's rows; an earlier
+/// generation's rollback is not this one's.
+pub(crate) const COMPENSATOR_STATES: &str = "SELECT task_key, state FROM task_run \
+     WHERE run_id = ?1 AND compensate_for IS NOT NULL \
+     AND generation = (SELECT generation FROM workflow_run WHERE id = ?1) ORDER BY id";

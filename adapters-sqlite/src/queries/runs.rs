@@ -557,10 +557,9 @@ pub(crate) const RESET_TASKS: &str = concat!(
     next_event_id!(),
     " + 1, ?2, 'resume', ?5, 'running', ",
     now!(),
-    "; UPDATE task_run SET state = p.value ->> 't', attempt = attempt + 1, attempt_base = attempt, \
-     fencing_token = fencing_token + 1, pending_deps = p.value ->> 'd', generation = ?4, cancel_reason = NULL, \
-     finished_at = NULL, result = NULL, error = NULL, retry_at = NULL, progress = NULL, needs_pass = 0 \
-     FROM json_each(?3) AS p \
+    "; UPDATE task_run SET state = p.value ->> 't', pending_deps = p.value ->> 'd', generation = ?4, ",
+    reset_set!(),
+    " FROM json_each(?3) AS p \
      WHERE task_run.run_id = ?2 AND task_run.task_key = p.value ->> 'k' AND task_run.state = p.value ->> 'f' \
      AND task_run.compensate_for IS NULL; ",
     event_insert!(),

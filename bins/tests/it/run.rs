@@ -837,22 +837,89 @@ fn a_failed_run_is_retried_in_place_from_the_failed_task() {
     );
 }
 
-/// A run whose compensators have run is not retried, with or without
-/// `--from` (docs/design/retry.md#what-is-not-retried-yet): exit 2, saying
-/// why, and the run is left as it was.
+/// A run whose compensators have run (docs/design/retry.md#compensated-runs)
+/// is retried only from named tasks (exit 2 without, the run untouched); then
+/// the compensated tasks are redone by rule. When the next generation fails
+/// again its rollback runs the compensator again, attempts counting on; a
+/// third generation succeeds. The history keeps all three.
 #[test]
-fn a_compensated_run_is_not_retried() {
-    let (w, out, report) = run_example("saga");
+fn a_compensated_run_is_retried_from_named_tasks_and_rolls_back_again() {
+    let w = Workdir::new();
+    let file = w.json(
+        "saga.json",
+        &json!({"name": "saga-retry", "version": 1, "tasks": [
+            {"key": "reserve", "task_type": "echo"},
+            {"key": "ship", "task_type": "fail", "depends_on": ["reserve"], "config": {"fail_times": 4},
+             "retry": {"max_attempts": 2, "delay_seconds": 0.05}},
+            {"key": "release", "task_type": "echo", "compensate_for": "reserve"}
+        ]}),
+    );
+    let out = w.run(["run".as_ref(), file.as_os_str(), "--output".as_ref(), "json".as_ref()]);
     assert_eq!(out.code, 1, "{out:?}");
-    let id = report["run_id"].as_str().expect("run id").to_owned();
-    for args in [
-        vec!["runs", "retry", &id],
-        vec!["runs", "retry", &id, "--from", "reserve_inventory"],
-    ] {
-        let refused = w.run(&args);
-        assert_eq!(refused.code, 2, "{refused:?}");
-        assert!(refused.stderr.contains("was compensated"), "{refused:?}");
-    }
-    let after = w.run(["runs", "get", &id, "--output", "json"]);
-    assert_eq!(assert_schema_valid(SCHEMA, &after.stdout), report);
+    let first = assert_schema_valid(SCHEMA, &out.stdout);
+    let id = first["run_id"].as_str().expect("run id").to_owned();
+    let release = |r: &Value| {
+        let c = &r["compensations"][0];
+        (c["state"].clone(), c["attempt"].clone(), c["generation"].clone())
+    };
+    assert_eq!(release(&first), (json!("succeeded"), json!(1), json!(1)));
+
+    let refused = w.run(["runs", "retry", &id]);
+    assert_eq!(refused.code, 2, "{refused:?}");
+    assert!(refused.stderr.contains("compensators have run"), "{refused:?}");
+    assert!(refused.stderr.contains("--from"), "{refused:?}");
+    let untouched = w.run(["runs", "get", &id, "--output", "json"]);
+    assert_eq!(assert_schema_valid(SCHEMA, &untouched.stdout), first);
+
+    let dry = w.run(["runs", "retry", &id, "--from", "ship", "--dry-run"]);
+    assert_eq!(
+        dry.stdout,
+        format!("run {id} generation 2: would retry\n  reserve (succeeded → ready)\n  ship (failed → pending)\n"),
+        "the compensated task is redone by rule: {dry:?}"
+    );
+    let second = w.run(["runs", "retry", &id, "--from", "ship", "--output", "json"]);
+    assert_eq!(second.code, 1, "{second:?}");
+    let second = assert_schema_valid(SCHEMA, &second.stdout);
+    check_report_consistency(&second);
+    assert_eq!((&second["state"], &second["generation"]), (&json!("failed"), &json!(2)));
+    assert_eq!(
+        (
+            &task(&second, "reserve")["attempt"],
+            &task(&second, "reserve")["generation"]
+        ),
+        (&json!(2), &json!(2))
+    );
+    assert_eq!(
+        release(&second),
+        (json!("succeeded"), json!(2), json!(2)),
+        "generation 2's rollback ran the compensator again"
+    );
+    let resets: Vec<(&Value, &Value)> = second["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["task"] == "release")
+        .map(|e| (&e["transition"], &e["generation"]))
+        .collect();
+    assert!(
+        resets.contains(&(&json!("succeed"), &json!(1)))
+            && resets.contains(&(&json!("reset"), &json!(2)))
+            && resets.contains(&(&json!("succeed"), &json!(2))),
+        "both rollbacks stay in the history: {resets:?}"
+    );
+
+    let third = w.run(["runs", "retry", &id, "--from", "ship", "--output", "json"]);
+    assert_eq!(third.code, 0, "{third:?}");
+    let third = assert_schema_valid(SCHEMA, &third.stdout);
+    check_report_consistency(&third);
+    assert_eq!(
+        (&third["state"], &third["generation"]),
+        (&json!("succeeded"), &json!(3))
+    );
+    assert_eq!(task(&third, "ship")["output"], json!({"attempts": 5}));
+    assert_eq!(
+        release(&third),
+        (json!("succeeded"), json!(2), json!(2)),
+        "a run that succeeds rolls nothing back"
+    );
 }

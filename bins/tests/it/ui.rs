@@ -265,6 +265,42 @@ async fn a_failed_run_is_retried_from_the_page_after_its_set_is_shown() {
     browser.close().await;
 }
 
+/// A compensated run is retried from its failed tasks, and the confirmation
+/// names the compensated task that runs again (docs/design/retry.md#compensated-runs).
+#[tokio::test]
+async fn a_compensated_run_is_retried_from_the_page_with_what_its_rollback_undid() {
+    let Some((api, browser)) = setup("ui-retry-saga", &[]).await else {
+        return;
+    };
+    let def = json!({"name": "saga", "version": 1, "tasks": [
+        {"key": "reserve", "task_type": "echo"},
+        {"key": "ship", "task_type": "fail", "depends_on": ["reserve"], "config": {"fail_times": 1}},
+        {"key": "release", "task_type": "echo", "compensate_for": "reserve"}
+    ]});
+    let id = finished_run_page(&api, &browser, &def).await;
+    browser.wait_for("#run-header[data-run-state=\"failed\"]").await;
+    browser.click("#retry-run").await;
+    browser.wait_for("dialog#confirm[open]").await;
+    let text = browser
+        .js("return document.getElementById('confirm-text').textContent", vec![])
+        .await;
+    let text = text.as_str().expect("the confirmation's text");
+    assert!(
+        text.contains("generation 2")
+            && text.contains("reserve (succeeded → ready), ship (failed → pending)")
+            && text.contains("compensated"),
+        "{text}"
+    );
+    browser.click("#confirm-yes").await;
+    browser.wait_for("#run-header[data-run-state=\"succeeded\"]").await;
+    let report = api.wait_run(&id).await;
+    assert_eq!(
+        (&report["state"], &report["generation"]),
+        (&json!("succeeded"), &json!(2))
+    );
+    browser.close().await;
+}
+
 #[tokio::test]
 async fn a_sleeping_run_is_cancelled_from_the_page_and_a_reload_shows_the_same() {
     let Some((api, browser)) = setup("ui-cancel", &[]).await else {

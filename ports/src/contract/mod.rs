@@ -123,6 +123,7 @@ macro_rules! store_contract_tests {
             a_reset_task_is_fenced_and_counts_attempts_per_generation,
             a_stale_retry_plan_applies_nothing,
             concurrent_retries_open_one_generation,
+            a_later_rollback_reruns_the_compensators_of_its_generation,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use flowforge_domain::retry::Reset;
-use flowforge_domain::{RunState, RunTransition, TaskRunState};
+use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState};
 use tokio::sync::Barrier;
 
 use crate::store::{RunPass, RunStore, TaskOutcome};
@@ -186,4 +186,133 @@ pub async fn concurrent_retries_open_one_generation<F: StoreFactory>(factory: &F
         .filter(|e| e.transition == "resume")
         .count();
     assert_eq!(resumes, 1);
+}
+
+/// A compensated run retried from its tasks (docs/design/retry.md#compensated-runs):
+/// the later generation's rollback sees only its own compensator rows. A
+/// compensator first needed now is created in the current generation; one
+/// an earlier rollback finished takes `reset` back to ready — attempt + 1
+/// over its earlier attempts, token + 1 (the earlier attempt's late write
+/// is fenced off), output cleared, its event and dispatch — once.
+pub async fn a_later_rollback_reruns_the_compensators_of_its_generation<F: StoreFactory>(factory: &F) {
+    let (s, _) = fresh(factory).await;
+    let run = start(
+        &s,
+        serde_json::json!({"name": "saga", "version": 1, "tasks": [
+            {"key": "a", "task_type": "noop"},
+            {"key": "b", "task_type": "noop"},
+            {"key": "c", "task_type": "noop", "depends_on": ["a", "b"]},
+            {"key": "undo_a", "task_type": "undo", "compensate_for": "a"},
+            {"key": "undo_b", "task_type": "undo", "compensate_for": "b"}
+        ]}),
+    )
+    .await;
+    // Generation 1: a succeeds, b fails, c is cancelled, undo_a runs.
+    let a = claim(&s, run, "a", "w", LONG).await;
+    finish(&s, &a, "w", succeeded(serde_json::json!({"gen": 1}))).await;
+    let b = claim(&s, run, "b", "w", LONG).await;
+    let failed = TaskOutcome::Failed {
+        error: "boom".into(),
+        retry_in: None,
+    };
+    finish(&s, &b, "w", failed).await;
+    let mut p = pass(&s, run).await;
+    p.take_flagged().await.expect("take_flagged");
+    p.cancel_pending(&["c".into()], CancelReason::UpstreamFailed)
+        .await
+        .expect("cancel_pending");
+    assert!(p.create_compensator("undo_a", "a").await.expect("create"));
+    assert!(p.transition_run(RunTransition::Start).await.expect("start"));
+    p.commit().await.expect("commit");
+    let undo = claim(&s, run, "undo_a", "w", LONG).await;
+    finish(&s, &undo, "w", succeeded(serde_json::json!({"undone": 1}))).await;
+    let mut p = pass(&s, run).await;
+    p.take_flagged().await.expect("take_flagged");
+    assert!(p.transition_run(RunTransition::Fail).await.expect("fail"));
+    p.commit().await.expect("commit");
+
+    // The retry: a (compensated) and b again, c after them.
+    let resets = [
+        ("a", TaskRunState::Succeeded, TaskRunState::Ready, 0),
+        ("b", TaskRunState::Failed, TaskRunState::Ready, 0),
+        ("c", TaskRunState::Cancelled, TaskRunState::Pending, 2),
+    ]
+    .map(|(key, from, to, pending_deps)| Reset {
+        key: key.into(),
+        from,
+        to,
+        pending_deps,
+    });
+    assert_eq!(
+        s.resume_run(run, RunState::Failed, 1, &resets)
+            .await
+            .expect("resume_run"),
+        Some(2)
+    );
+    let mut p = pass(&s, run).await;
+    p.take_flagged().await.expect("take_flagged");
+    assert!(
+        p.compensator_states().await.expect("states").is_empty(),
+        "generation 1's rollback is not generation 2's"
+    );
+    p.commit().await.expect("commit");
+
+    // Generation 2: a and b succeed, and its rollback undoes both.
+    for key in ["a", "b"] {
+        let c = claim(&s, run, key, "w", LONG).await;
+        finish(&s, &c, "w", succeeded(serde_json::json!({"gen": 2}))).await;
+    }
+    let mut p = pass(&s, run).await;
+    p.take_flagged().await.expect("take_flagged");
+    assert!(p.create_compensator("undo_b", "b").await.expect("create undo_b"));
+    assert!(p.create_compensator("undo_a", "a").await.expect("re-arm undo_a"));
+    assert!(!p.create_compensator("undo_a", "a").await.expect("again"), "once");
+    assert_eq!(
+        p.compensator_states().await.expect("states"),
+        [
+            ("undo_a".to_owned(), TaskRunState::Ready),
+            ("undo_b".to_owned(), TaskRunState::Ready)
+        ]
+    );
+    p.commit().await.expect("commit");
+
+    let (undo_a, undo_b) = (view(&s, run, "undo_a").await, view(&s, run, "undo_b").await);
+    assert_eq!(
+        (undo_b.state, undo_b.attempt, undo_b.generation),
+        (TaskRunState::Ready, 1, 2)
+    );
+    assert_eq!(
+        (undo_a.state, undo_a.attempt, undo_a.generation, undo_a.output.as_ref()),
+        (TaskRunState::Ready, 2, 2, None)
+    );
+    assert_eq!(undo_a.token, undo.token + 1, "the token only grows");
+    let last = events_of(&s, run, "undo_a").await.pop().expect("the reset event");
+    assert_eq!(
+        (
+            last.transition.as_str(),
+            last.from.as_deref(),
+            last.to.as_deref(),
+            last.generation
+        ),
+        ("reset", Some("succeeded"), Some("ready"), 2)
+    );
+    assert!(
+        dispatches_of(&s, run, "undo_a")
+            .await
+            .iter()
+            .any(|d| d.fencing_token == undo_a.token),
+        "the re-armed compensator is dispatched at its new token"
+    );
+    let late = s
+        .finish_task_run(
+            undo.task_run_id,
+            undo.token,
+            &worker("w"),
+            succeeded(serde_json::json!({})),
+        )
+        .await
+        .expect("finish_task_run");
+    assert_eq!(late, crate::store::FinishResult::Stale);
+    let again = claim(&s, run, "undo_a", "w2", LONG).await;
+    assert_eq!((again.attempt, again.generation_attempt()), (2, 1));
 }

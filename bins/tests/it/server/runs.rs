@@ -294,3 +294,72 @@ on_both!(a_failed_run_is_retried_over_the_api, &[], |api| {
     let response = api.post(&retry, &json!({})).send().await.expect("answers");
     assert_eq!(json_of(response, 409).await["code"], "run_not_retryable");
 });
+
+on_both!(a_compensated_run_is_retried_from_named_tasks_over_the_api, &[], |api| {
+    api.publish(&json!({"name": "saga", "version": 1, "tasks": [
+        {"key": "reserve", "task_type": "echo"},
+        {"key": "ship", "task_type": "fail", "depends_on": ["reserve"], "config": {"fail_times": 2}},
+        {"key": "release", "task_type": "echo", "compensate_for": "reserve"}
+    ]}))
+    .await;
+    let id = api.start_run("saga", json!({})).await;
+    let failed = api.wait_run(&id).await;
+    assert_eq!(
+        (&failed["state"], &failed["compensations"][0]["state"]),
+        (&json!("failed"), &json!("succeeded")),
+        "{failed:#}"
+    );
+    let retry = format!("/api/v1/runs/{id}/retry");
+
+    // What the run kept was undone: only a retry from named tasks says what
+    // to do again, and the compensated task is in its set by rule.
+    let response = api.post(&retry, &json!({})).send().await.expect("answers");
+    assert_eq!(json_of(response, 409).await["code"], "run_compensated");
+    let response = api
+        .post(&retry, &json!({"from": ["ship"]}))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(
+        json_of(response, 202).await,
+        json!({"id": id, "generation": 2, "applied": true, "tasks": [
+            {"key": "reserve", "from": "succeeded", "to": "ready"},
+            {"key": "ship", "from": "failed", "to": "pending"}
+        ]})
+    );
+
+    // Generation 2 fails again and its rollback runs the compensator again.
+    let second = api.wait_run(&id).await;
+    assert_eq!(
+        (&second["state"], &second["generation"]),
+        (&json!("failed"), &json!(2)),
+        "{second:#}"
+    );
+    let release = &second["compensations"][0];
+    assert_eq!(
+        (&release["state"], &release["attempt"], &release["generation"]),
+        (&json!("succeeded"), &json!(2), &json!(2)),
+        "{second:#}"
+    );
+
+    // Generation 3 gets past the failure.
+    let response = api
+        .post(&retry, &json!({"from": ["ship"]}))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(json_of(response, 202).await["generation"], 3);
+    let third = api.wait_run(&id).await;
+    assert_eq!(
+        (&third["state"], &third["generation"]),
+        (&json!("succeeded"), &json!(3)),
+        "{third:#}"
+    );
+    let ship = third["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .find(|t| t["key"] == "ship")
+        .expect("ship");
+    assert_eq!(ship["output"], json!({"attempts": 3}));
+});
