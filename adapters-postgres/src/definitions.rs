@@ -131,6 +131,18 @@ fn rebuild(row: &WorkflowRow, tasks: Vec<TaskRow>) -> Result<WorkflowDefinition,
 }
 
 impl PgStore {
+    /// Refreshes the planner's statistics of `task` after a wide definition
+    /// went in, best effort. Until ANALYZE sees a workflow's rows the planner
+    /// estimates it at one row, and the per-row task-type lookups of a wide
+    /// run's dispatches may then take the `(workflow_id, position)` index and
+    /// filter the key, one pass over the workflow's tasks per row: quadratic.
+    /// Publishing is rare; the sample is bounded.
+    async fn analyze_tasks(&self) {
+        if let Err(e) = sqlx::query(queries::ANALYZE_TASKS).execute(&self.inner.pool).await {
+            tracing::warn!(error = %e, "could not refresh the statistics of table task after publishing");
+        }
+    }
+
     async fn load(&self, id: WorkflowId) -> Result<Option<Published>, LoadError> {
         let pool = &self.inner.pool;
         let Some(row) = sqlx::query_as::<_, WorkflowRow>(queries::LOAD_WORKFLOW)
@@ -235,6 +247,10 @@ impl PgStore {
     }
 }
 
+/// From this many tasks a new definition refreshes the planner's statistics
+/// of `task`.
+const WIDE_DEFINITION: usize = 100;
+
 impl DefinitionStore for PgStore {
     async fn publish_definition(&self, def: &WorkflowDefinition) -> Result<Published, PublishError> {
         // The graph was validated when `def` was built: a
@@ -245,6 +261,9 @@ impl DefinitionStore for PgStore {
         }
         let fingerprint = def.fingerprint();
         if let Some(published) = self.insert(def, &fingerprint).await? {
+            if def.tasks().len() >= WIDE_DEFINITION {
+                self.analyze_tasks().await;
+            }
             return Ok(published);
         }
         // A concurrent first publish committed the same (name, version):

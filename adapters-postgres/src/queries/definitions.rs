@@ -42,3 +42,7 @@ SELECT w.id, w.name, w.version, w.fingerprint, w.created_at,
 FROM workflow AS w
 WHERE $1::text IS NULL OR w.name = $1
 ORDER BY w.name, w.version DESC";
+
+/// publish_definition, after a wide definition went in: the planner's
+/// statistics of `task` (see `PgStore::analyze_tasks`).
+pub const ANALYZE_TASKS: &str = "ANALYZE task";

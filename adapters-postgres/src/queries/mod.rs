@@ -45,7 +45,9 @@ macro_rules! reset_set {
 /// The tail of a promotion to ready: closes the `moved` CTE (the rows made
 /// ready: id, run_id, task_key, attempt, fencing_token), then writes each
 /// row's `$edge` event from `$from` and its outbox row (task type from
-/// workflow `$3`) in CTEs `event` and `dispatched`.
+/// workflow `$3`, looked up per row: see [`LOWER_AND_PROMOTE`] on why
+/// a wide batch's plan is pinned to index probes) in CTEs `event` and
+/// `dispatched`.
 macro_rules! made_ready {
     ($edge:literal, $from:literal) => {
         concat!(
@@ -63,7 +65,8 @@ macro_rules! made_ready {
     SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
             now!(),
             "
-    FROM moved AS m JOIN task AS t ON t.workflow_id = $3 AND t.key = m.task_key
+    FROM moved AS m
+    CROSS JOIN LATERAL (SELECT task_type FROM task WHERE workflow_id = $3 AND key = m.task_key LIMIT 1) AS t
     ORDER BY m.id
     ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
     RETURNING id

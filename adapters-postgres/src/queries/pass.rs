@@ -33,17 +33,27 @@ SELECT id, task_key, state, cancel_reason, compensate_for FROM flagged ORDER BY 
 );
 
 /// satisfy_dependencies: lowers the pending rows' counts in one batched
-/// UPDATE (`uniq_taskrun_run_key`), applying `dependencies_satisfied` in
-/// the same statement to every forward row that reaches zero, with its
-/// event and one outbox row each. `$1` offset, `$2` run,
-/// `$3` workflow, `$4` keys, `$5` amounts.
+/// UPDATE, applying `dependencies_satisfied` in the same statement to every
+/// forward row that reaches zero, with its event and one outbox row each.
+///
+/// Each key is looked up by its own probe of `uniq_taskrun_run_key`, in a
+/// LATERAL subquery that LIMIT keeps from being flattened into a join, and
+/// the UPDATE joins what it found by primary key. Joined directly, the plan
+/// followed the run's row estimate, which is stale for a run started since
+/// the last ANALYZE (estimated at one row), and could rescan the whole
+/// batch for each of the run's rows: quadratic on a wide fan-out.
+/// `$1` offset, `$2` run, `$3` workflow, `$4` keys, `$5` amounts.
 pub const LOWER_AND_PROMOTE: &str = concat!(
-    "WITH lowered AS (
-    UPDATE task_run AS tr
-    SET pending_deps = tr.pending_deps - d.n,
-        state = CASE WHEN tr.pending_deps - d.n = 0 AND tr.compensate_for IS NULL THEN 'ready' ELSE tr.state END
+    "WITH found AS MATERIALIZED (
+    SELECT t.id, d.n
     FROM unnest($4::text[], $5::int4[]) AS d(key, n)
-    WHERE tr.run_id = $2 AND tr.task_key = d.key AND tr.state = 'pending'
+    CROSS JOIN LATERAL (SELECT id FROM task_run WHERE run_id = $2 AND task_key = d.key LIMIT 1) AS t
+), lowered AS (
+    UPDATE task_run AS tr
+    SET pending_deps = tr.pending_deps - f.n,
+        state = CASE WHEN tr.pending_deps - f.n = 0 AND tr.compensate_for IS NULL THEN 'ready' ELSE tr.state END
+    FROM found AS f
+    WHERE tr.id = f.id AND tr.state = 'pending'
     RETURNING tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.state
 ), moved AS (
     SELECT id, run_id, task_key, attempt, fencing_token FROM lowered WHERE state = 'ready'
@@ -98,21 +108,43 @@ pub const CANCEL_PENDING: &str = concat!(
 SELECT task_key FROM moved ORDER BY id"
 );
 
-/// cancel_waiting: every waiting forward row of the run
-/// (`taskrun_active_idx`), each by its own edge; a row that changed since
-/// it was read is skipped. `$1` offset, `$2` run.
+/// One CTE of [`CANCEL_WAITING`]: a user's cancel of the run's forward rows
+/// in `$state` (`taskrun_active_idx`), naming the state each left.
+macro_rules! cancel_from {
+    ($state:literal) => {
+        concat!(
+            "from_",
+            $state,
+            " AS (
+    UPDATE task_run SET state = 'cancelled', cancel_reason = 'user', finished_at = ",
+            now!(),
+            ", retry_at = NULL
+    WHERE run_id = $2 AND state = '",
+            $state,
+            "' AND compensate_for IS NULL
+    RETURNING id, run_id, task_key, attempt, fencing_token, '",
+            $state,
+            "'::text AS from_state
+)"
+        )
+    };
+}
+
+/// cancel_waiting: every waiting forward row of the run, each by its own
+/// edge. One single-table UPDATE per source state, not a join of the run's
+/// rows with themselves: a join's plan follows the run's row estimate,
+/// which is stale for a run started since the last ANALYZE, and a nested
+/// loop over a wide run's rows on both sides is quadratic. `$1` offset,
+/// `$2` run.
 pub const CANCEL_WAITING: &str = concat!(
-    "WITH waiting AS (
-    SELECT id, state AS from_state FROM task_run
-    WHERE run_id = $2 AND state IN ('pending', 'ready', 'retrying') AND compensate_for IS NULL
-), moved AS (
-    UPDATE task_run AS tr
-    SET state = 'cancelled', cancel_reason = 'user', finished_at = ",
-    now!(),
-    ", retry_at = NULL
-    FROM waiting AS w
-    WHERE tr.id = w.id AND tr.state = w.from_state
-    RETURNING tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, w.from_state
+    "WITH ",
+    cancel_from!("pending"),
+    ", ",
+    cancel_from!("ready"),
+    ", ",
+    cancel_from!("retrying"),
+    ", moved AS (
+    SELECT * FROM from_pending UNION ALL SELECT * FROM from_ready UNION ALL SELECT * FROM from_retrying
 ), event AS (
     ",
     event_insert!(),

@@ -3,7 +3,8 @@
 
 /// start_run: the run, one task run per forward task (ready without
 /// dependencies, else pending) and one outbox row per ready task run, in
-/// one statement. `$1` offset, `$2` run id, `$3` workflow
+/// one statement; each outbox row's task type is looked up per row (see
+/// [`super::LOWER_AND_PROMOTE`] on pinning a wide batch's plan). `$1` offset, `$2` run id, `$3` workflow
 /// id, `$4` input.
 pub const START_RUN: &str = concat!(
     "WITH run AS (
@@ -26,7 +27,8 @@ pub const START_RUN: &str = concat!(
     SELECT c.id, c.run_id, c.task_key, t.task_type, c.fencing_token, ",
     now!(),
     "
-    FROM created AS c JOIN task AS t ON t.workflow_id = $3 AND t.key = c.task_key
+    FROM created AS c
+    CROSS JOIN LATERAL (SELECT task_type FROM task WHERE workflow_id = $3 AND key = c.task_key LIMIT 1) AS t
     WHERE c.state = 'ready'
     ORDER BY c.id
     RETURNING id

@@ -208,3 +208,43 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
         ],
     );
 }
+
+/// A wide run started after the planner last looked at `task_run` (its
+/// statistics say the table is empty, so the run is estimated at one row)
+/// is still promoted by one index probe per key and cancelled without a
+/// nested loop over its own rows: either would otherwise be quadratic in
+/// the run's width (see `queries::LOWER_AND_PROMOTE`).
+#[tokio::test]
+async fn wide_batches_are_planned_as_probes_under_stale_statistics() {
+    const WIDE: usize = 2_000;
+    let db = test_db!();
+    let (store, _) = db.store().await;
+    let pool = db.raw().await;
+    sqlx::raw_sql("ANALYZE task_run").execute(&pool).await.unwrap();
+    let mut fan = vec![json!({"key": "root", "task_type": "noop"})];
+    fan.extend((1..WIDE).map(|i| json!({"key": format!("f{i:05}"), "task_type": "noop", "depends_on": ["root"]})));
+    let wf = store
+        .publish_definition(&def(json!({"name": "fan", "version": 1, "tasks": fan})))
+        .await
+        .unwrap()
+        .id;
+    let run = store.start_run(wf, json!({})).await.unwrap();
+    let keys: Vec<String> = (1..WIDE).map(|i| format!("f{i:05}")).collect();
+    let amounts = vec![1_i32; keys.len()];
+    let zero = TimeDelta::zero();
+
+    let p = plan(&pool, queries::LOWER_AND_PROMOTE, |q| {
+        q.bind(zero).bind(run.0).bind(wf.0).bind(&keys).bind(&amounts)
+    })
+    .await;
+    assert!(
+        p.contains("Index Cond: ((run_id = ") && p.contains("(task_key = d.key))"),
+        "each key is one probe of uniq_taskrun_run_key:\n{p}"
+    );
+    assert!(
+        p.contains("task_pkey") && !p.contains("uniq_task_position"),
+        "each dispatch's task type is one probe of task's primary key:\n{p}"
+    );
+    let p = plan(&pool, queries::CANCEL_WAITING, |q| q.bind(zero).bind(run.0)).await;
+    assert!(!p.contains("Nested Loop"), "no nested loop over the run's rows:\n{p}");
+}

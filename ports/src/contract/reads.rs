@@ -228,43 +228,30 @@ pub async fn the_event_history_records_every_transition<F: StoreFactory>(factory
     assert!(history.windows(2).all(|w| w[0].at <= w[1].at));
 }
 
-/// Wide runs are written in batches: starting 10 000 ready tasks, cancelling
+/// Wide runs are written whole: starting 10 000 ready tasks, cancelling
 /// them in one pass, and promoting a 9 999-task fan-out in one pass each
-/// take a bounded time, not one round trip per row.
+/// write every row, event and dispatch. That each is a batch, and how its
+/// plan scales, is checked by the stores' plan tests (PostgreSQL's
+/// `explain.rs`, SQLite's `plans.rs`) and measured by `cargo xtask bench`,
+/// not timed here.
 pub async fn wide_runs_are_written_in_batches<F: StoreFactory>(factory: &F) {
     const WIDE: usize = 10_000;
-    // Batched, each phase takes a few hundred milliseconds even in a debug
-    // build; the bound leaves room for a slow CI machine, while a plan that
-    // revisits the batch per row (quadratic: about a minute here) fails it.
-    const BOUND: Duration = Duration::from_secs(5);
     let (s, _) = fresh(factory).await;
 
     let roots: Vec<Value> = (0..WIDE)
         .map(|i| json!({"key": format!("t{i:05}"), "task_type": "noop"}))
         .collect();
     let p = publish(&s, json!({"name": "wide", "version": 1, "tasks": roots})).await;
-    let started = std::time::Instant::now();
     let run = s.start_run(p.id, json!({})).await.expect("start_run");
-    assert!(
-        started.elapsed() < BOUND,
-        "start_run of {WIDE} tasks took {:?}",
-        started.elapsed()
-    );
     assert_eq!(
         unpublished(&s, Scope::Run(run)).await.len(),
         WIDE,
         "one dispatch per root"
     );
     assert!(s.request_cancel(run).await.expect("cancel").is_some());
-    let started = std::time::Instant::now();
     let mut ps = pass(&s, run).await;
     assert_eq!(ps.cancel_waiting().await.expect("cancel_waiting").len(), WIDE);
     ps.commit().await.expect("commit");
-    assert!(
-        started.elapsed() < BOUND,
-        "cancelling {WIDE} tasks took {:?}",
-        started.elapsed()
-    );
 
     let mut fan = vec![json!({"key": "root", "task_type": "noop"})];
     fan.extend((1..WIDE).map(|i| json!({"key": format!("f{i:05}"), "task_type": "noop", "depends_on": ["root"]})));
@@ -273,14 +260,11 @@ pub async fn wide_runs_are_written_in_batches<F: StoreFactory>(factory: &F) {
     let root = claim(&s, run, "root", "w", LONG).await;
     finish(&s, &root, "w", succeeded(json!({}))).await;
     let done: Vec<(String, u32)> = (1..WIDE).map(|i| (format!("f{i:05}"), 1)).collect();
-    let started = std::time::Instant::now();
     let mut ps = pass(&s, run).await;
     ps.take_flagged().await.expect("take_flagged");
     let promoted = ps.satisfy_dependencies(&done).await.expect("satisfy");
     ps.commit().await.expect("commit");
-    let took = started.elapsed();
     assert_eq!(promoted.len(), WIDE - 1);
-    assert!(took < BOUND, "promoting {} tasks took {took:?}", WIDE - 1);
     let dispatched = unpublished(&s, Scope::Run(run)).await;
     assert_eq!(dispatched.len(), WIDE, "the root's dispatch and one per promoted task");
     let history = events(&s, run).await;
