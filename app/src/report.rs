@@ -21,6 +21,25 @@ pub struct WorkflowRef {
     pub fingerprint: String,
 }
 
+/// The compensator rows that stand for the run as it is: each one ran
+/// after its task's last reset. One that ran before a retry redid its task
+/// undid an effect that has been made again, so it is history (the events
+/// and attempts keep it), not part of the run's rollback
+/// (docs/design/retry.md#compensated-runs).
+pub(crate) fn standing_compensators(tasks: &[TaskRunView]) -> impl Iterator<Item = &TaskRunView> {
+    let forward: HashMap<&str, u32> = tasks
+        .iter()
+        .filter(|t| t.compensate_for.is_none())
+        .map(|t| (t.key.as_str(), t.generation))
+        .collect();
+    tasks.iter().filter(move |c| {
+        c.compensate_for
+            .as_deref()
+            .and_then(|f| forward.get(f))
+            .is_some_and(|g| c.generation >= *g)
+    })
+}
+
 /// One forward task in the report.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TaskReport {
@@ -168,7 +187,7 @@ impl RunReport {
             })
             .collect();
 
-        let mut ran: Vec<&TaskRunView> = detail.tasks.iter().filter(|t| t.compensate_for.is_some()).collect();
+        let mut ran: Vec<&TaskRunView> = standing_compensators(&detail.tasks).collect();
         ran.sort_by_key(|t| (t.created_at, t.id));
         let mut compensations: Vec<CompensationReport> = ran
             .iter()
@@ -270,5 +289,86 @@ fn strip(v: &mut Value) {
         }
         Value::Array(items) => items.iter_mut().for_each(strip),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flowforge_domain::{TaskRunState, WorkflowDocument};
+    use flowforge_ports::store::{RunDetail, RunSummary, TaskRunView};
+    use flowforge_ports::{RunId, TaskRunId, WorkflowId};
+    use serde_json::json;
+
+    use super::*;
+
+    fn row(id: i64, key: &str, undoes: Option<&str>, state: TaskRunState, generation: u32) -> TaskRunView {
+        TaskRunView {
+            id: TaskRunId(id),
+            key: key.to_owned(),
+            compensate_for: undoes.map(str::to_owned),
+            state,
+            attempt: generation,
+            generation,
+            token: 1,
+            cancel_reason: None,
+            output: (state == TaskRunState::Succeeded).then(|| json!({})),
+            error: (state == TaskRunState::Failed).then(|| "boom".to_owned()),
+            started_at: None,
+            finished_at: None,
+            retry_at: None,
+            lease_owner: None,
+            progress: None,
+            created_at: DateTime::UNIX_EPOCH + chrono::TimeDelta::seconds(id),
+        }
+    }
+
+    /// Generation 2 redid a and b, failed again, and its rollback stopped at
+    /// undo_b: undo_a's row from generation 1's rollback undid an effect
+    /// that has been made again, so the report shows undo_a not run, as the
+    /// retry that decides what is compensated sees it.
+    #[test]
+    fn a_compensator_from_before_its_task_was_redone_is_not_reported_as_run() {
+        let doc: WorkflowDocument = serde_json::from_value(json!({"name": "saga", "version": 1, "tasks": [
+            {"key": "a", "task_type": "echo"},
+            {"key": "b", "task_type": "echo", "depends_on": ["a"]},
+            {"key": "c", "task_type": "fail", "depends_on": ["b"]},
+            {"key": "undo_a", "task_type": "echo", "compensate_for": "a"},
+            {"key": "undo_b", "task_type": "echo", "compensate_for": "b"}
+        ]}))
+        .expect("a document");
+        let def = WorkflowDefinition::from_document(doc).expect("a definition");
+        let detail = RunDetail {
+            summary: RunSummary {
+                id: RunId("01a22735-3630-7019-bc12-97b04f3d9d90".parse().expect("a uuid")),
+                workflow_id: WorkflowId(1),
+                workflow: "saga".into(),
+                version: 1,
+                state: RunState::Failed,
+                cancel_requested: false,
+                generation: 2,
+                created_at: DateTime::UNIX_EPOCH,
+                started_at: None,
+                finished_at: None,
+            },
+            fingerprint: def.fingerprint(),
+            input: json!({}),
+            tasks: vec![
+                row(1, "a", None, TaskRunState::Succeeded, 2),
+                row(2, "b", None, TaskRunState::Succeeded, 2),
+                row(3, "c", None, TaskRunState::Failed, 2),
+                row(4, "undo_a", Some("a"), TaskRunState::Succeeded, 1),
+                row(5, "undo_b", Some("b"), TaskRunState::Failed, 2),
+            ],
+            events: Vec::new(),
+        };
+        let report = RunReport::new(&detail, &def);
+        let seen: Vec<(&str, &str, u32, u32)> = report
+            .compensations
+            .iter()
+            .map(|c| (c.key.as_str(), c.state.as_str(), c.attempt, c.generation))
+            .collect();
+        assert_eq!(seen, [("undo_b", "failed", 2, 2), ("undo_a", "not_run", 0, 2)]);
+        let standing: Vec<&str> = standing_compensators(&detail.tasks).map(|c| c.key.as_str()).collect();
+        assert_eq!(standing, ["undo_b"]);
     }
 }

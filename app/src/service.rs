@@ -11,7 +11,7 @@ use flowforge_domain::retry::{Reset, reset_set};
 use flowforge_domain::{RunState, TaskRunState, WorkflowDefinition};
 use flowforge_ports::store::{
     CancelOutcome, DefinitionSummary, EventView, Gauges, IdempotencyKey, KeyedStart, Notifier, Published, RunQuery,
-    TaskRunView, Topic,
+    Topic,
 };
 use flowforge_ports::{RunId, RunSummary, Scope, Store, WorkerInfo, WorkflowId};
 use serde_json::Value;
@@ -313,23 +313,14 @@ impl<S: Store> Service<S> {
             return Err(Error::RunNotRetryable { run, state });
         }
         let published = self.defs.get(detail.summary.workflow_id).await?;
-        let forward: BTreeMap<&str, &TaskRunView> = detail
+        let states: BTreeMap<&str, TaskRunState> = detail
             .tasks
             .iter()
             .filter(|t| t.compensate_for.is_none())
-            .map(|t| (t.key.as_str(), t))
+            .map(|t| (t.key.as_str(), t.state))
             .collect();
-        let states: BTreeMap<&str, TaskRunState> = forward.iter().map(|(k, t)| (*k, t.state)).collect();
-        // A task counts as compensated while its compensator ran after the
-        // task's last reset: once a retry redoes it in a later generation,
-        // what it did stands again (docs/design/retry.md#compensated-runs).
-        let compensated: BTreeSet<&str> = detail
-            .tasks
-            .iter()
-            .filter_map(|c| {
-                let undone = forward.get(c.compensate_for.as_deref()?)?;
-                (c.generation >= undone.generation).then_some(undone.key.as_str())
-            })
+        let compensated: BTreeSet<&str> = crate::report::standing_compensators(&detail.tasks)
+            .filter_map(|c| c.compensate_for.as_deref())
             .collect();
         let resets = reset_set(published.definition.graph(), &states, &compensated, from)
             .map_err(|refusal| Error::RetryRefused { run, refusal })?;
