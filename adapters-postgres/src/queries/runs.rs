@@ -608,8 +608,10 @@ pub const RESET_TASKS: &str = concat!(
     now!(),
     "
     FROM moved AS m
-    JOIN workflow_run AS wr ON wr.id = m.run_id
-    JOIN task AS t ON t.workflow_id = wr.workflow_id AND t.key = m.task_key
+    CROSS JOIN LATERAL (
+        SELECT task_type FROM task
+        WHERE workflow_id = (SELECT workflow_id FROM workflow_run WHERE id = $2) AND key = m.task_key LIMIT 1
+    ) AS t
     WHERE m.state = 'ready'
     ORDER BY m.id
 )
