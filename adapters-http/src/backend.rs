@@ -11,7 +11,7 @@ use flowforge_app::attempts::Attempt;
 use flowforge_app::remote::{Beat, BeatStatus, RemoteClaim, RemoteConfig, RemoteResult, RemoteWork};
 use flowforge_app::tokens::{self, Verdict};
 use flowforge_app::{Error, Retry, RunReport, Service, TaskTypes};
-use flowforge_domain::WorkflowDefinition;
+use flowforge_domain::{Priority, WorkflowDefinition};
 use flowforge_ports::store::{
     CancelOutcome, DefinitionSummary, EventView, FinishResult, Gauges, IdempotencyKey, KeyedStart, Published, RunQuery,
 };
@@ -32,8 +32,14 @@ pub trait Backend: Send + Sync + 'static {
     fn definitions<'a>(&'a self, name: Option<&'a str>) -> Fut<'a, Vec<DefinitionSummary>>;
     /// Checks that something here can run every task type of `def`.
     fn check_types<'a>(&'a self, def: &'a WorkflowDefinition) -> Fut<'a, ()>;
-    /// Starts a run (keyed when a key is given).
-    fn start(&self, workflow: WorkflowId, input: Value, key: Option<IdempotencyKey>) -> Fut<'_, KeyedStart>;
+    /// Starts a run at `priority` (keyed when a key is given).
+    fn start(
+        &self,
+        workflow: WorkflowId,
+        input: Value,
+        priority: Priority,
+        key: Option<IdempotencyKey>,
+    ) -> Fut<'_, KeyedStart>;
     /// A page of runs.
     fn page<'a>(&'a self, query: &'a RunQuery) -> Fut<'a, Vec<RunSummary>>;
     /// One run's summary.
@@ -103,11 +109,21 @@ impl<S: Store> Backend for ServiceBackend<S> {
     fn check_types<'a>(&'a self, def: &'a WorkflowDefinition) -> Fut<'a, ()> {
         Box::pin(self.service.check_types(def, &self.types))
     }
-    fn start(&self, workflow: WorkflowId, input: Value, key: Option<IdempotencyKey>) -> Fut<'_, KeyedStart> {
+    fn start(
+        &self,
+        workflow: WorkflowId,
+        input: Value,
+        priority: Priority,
+        key: Option<IdempotencyKey>,
+    ) -> Fut<'_, KeyedStart> {
         Box::pin(async move {
             match key {
-                Some(key) => self.service.start_keyed(workflow, input, &key).await,
-                None => self.service.start(workflow, input).await.map(KeyedStart::Started),
+                Some(key) => self.service.start_keyed(workflow, input, priority, &key).await,
+                None => self
+                    .service
+                    .start(workflow, input, priority)
+                    .await
+                    .map(KeyedStart::Started),
             }
         })
     }

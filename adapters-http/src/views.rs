@@ -3,6 +3,7 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use flowforge_app::RunReport;
 use flowforge_app::report::EventReport;
+use flowforge_domain::Priority;
 use flowforge_ports::WorkerInfo;
 use flowforge_ports::store::{DefinitionSummary, EventView, Published, RunSummary};
 use serde::{Deserialize, Serialize};
@@ -97,6 +98,12 @@ pub struct StartRun {
     #[serde(default = "empty_object")]
     #[schema(value_type = Object)]
     pub input: Value,
+    /// Its dispatch priority, 0 (lowest) to 9 (highest); default 5. A task
+    /// whose definition names a priority keeps its own
+    /// (docs/design/priorities.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<u8>, minimum = 0, maximum = 9)]
+    pub priority: Option<Priority>,
 }
 
 fn empty_object() -> Value {
@@ -116,6 +123,9 @@ pub struct RunItem {
     pub state: String,
     /// Whether a cancel was requested.
     pub cancel_requested: bool,
+    /// The priority it was started at, 0 to 9.
+    #[schema(value_type = u8)]
+    pub priority: Priority,
     /// Created (RFC 3339).
     pub created_at: String,
     /// Moved to running.
@@ -132,6 +142,7 @@ impl From<&RunSummary> for RunItem {
             version: r.version,
             state: r.state.to_string(),
             cancel_requested: r.cancel_requested,
+            priority: r.priority,
             created_at: time(r.created_at),
             started_at: r.started_at.map(time),
             finished_at: r.finished_at.map(time),

@@ -1,54 +1,117 @@
 //! The dispatch queue in process (the embedded queue): at-least-once like
 //! the real broker — a delivery that is nacked, or dropped without an ack
-//! (its consumer gone, its task panicked), is delivered again.
+//! (its consumer gone, its task panicked), is delivered again — and a
+//! priority queue: it hands out the dispatch with the smallest priority
+//! order key first (docs/design/priorities.md), so the embedded engine
+//! serves ready work highest priority first, FIFO within a priority, with
+//! aging.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
+use flowforge_domain::priority::{DEFAULT_AGING_MICROS, order_key};
 use flowforge_ports::{Delivery, Dispatch, DispatchConsumer, DispatchPublisher, DispatchQueue, queue};
 use tokio::sync::Notify;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
     ready: Mutex<Ready>,
     available: Notify,
+    aging_micros: i64,
+}
+
+/// A waiting dispatch, ordered by (order key, dispatch id, arrival).
+#[derive(Debug)]
+struct Waiting {
+    rank: (i64, i64, u64),
+    dispatch: Dispatch,
+    redelivered: bool,
+}
+
+impl PartialEq for Waiting {
+    fn eq(&self, other: &Self) -> bool {
+        self.rank == other.rank
+    }
+}
+impl Eq for Waiting {}
+impl PartialOrd for Waiting {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Waiting {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.rank.cmp(&other.rank)
+    }
 }
 
 #[derive(Debug, Default)]
 struct Ready {
-    messages: VecDeque<(Dispatch, bool)>,
+    messages: BinaryHeap<Reverse<Waiting>>,
+    arrivals: u64,
     closed: bool,
 }
 
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, Ready> {
         // Every critical section is a single push or pop: a panic cannot
-        // leave the deque half-updated, so a poisoned lock is still sound.
+        // leave the heap half-updated, so a poisoned lock is still sound.
         self.ready.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn push(&self, dispatch: Dispatch, redelivered: bool, front: bool) {
+    /// Queues `dispatch` under `ready`. A dispatch without a ready time
+    /// (written before dispatches carried one) ranks as ready at the epoch:
+    /// by priority, then in arrival order.
+    fn enqueue(&self, ready: &mut Ready, dispatch: Dispatch, redelivered: bool) {
+        let ready_micros = dispatch.ready_at.map_or(0, |t| t.timestamp_micros());
+        let key = order_key(ready_micros, dispatch.priority, self.aging_micros);
+        ready.arrivals += 1;
+        ready.messages.push(Reverse(Waiting {
+            rank: (key, dispatch.dispatch_id.0, ready.arrivals),
+            dispatch,
+            redelivered,
+        }));
+    }
+
+    fn push(&self, dispatch: Dispatch, redelivered: bool) {
         let mut ready = self.lock();
-        if front {
-            ready.messages.push_front((dispatch, redelivered));
-        } else {
-            ready.messages.push_back((dispatch, redelivered));
-        }
+        self.enqueue(&mut ready, dispatch, redelivered);
         drop(ready);
         self.available.notify_one();
     }
 }
 
 /// An in-process queue: clone it freely, every clone is the same queue.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct InprocQueue {
     inner: Arc<Inner>,
 }
 
+impl Default for InprocQueue {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl InprocQueue {
-    /// An empty queue.
+    /// An empty queue whose waiting work gains a priority level every five
+    /// minutes.
     pub fn new() -> Self {
-        Self::default()
+        Self::with_aging(Duration::from_micros(DEFAULT_AGING_MICROS.unsigned_abs()))
+    }
+
+    /// An empty queue whose waiting work gains a priority level every
+    /// `aging`.
+    pub fn with_aging(aging: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                ready: Mutex::default(),
+                available: Notify::new(),
+                aging_micros: i64::try_from(aging.as_micros()).unwrap_or(i64::MAX),
+            }),
+        }
     }
 
     /// Closes the queue: consumers drain what is left, then get `Ok(None)`.
@@ -79,7 +142,7 @@ impl DispatchPublisher for InprocQueue {
                 if ready.closed {
                     results.push(Err(queue::Error::Closed));
                 } else {
-                    ready.messages.push_back((d.clone(), false));
+                    self.inner.enqueue(&mut ready, d.clone(), false);
                     results.push(Ok(()));
                 }
             }
@@ -119,7 +182,10 @@ impl DispatchConsumer for InprocConsumer {
             notified.as_mut().enable();
             {
                 let mut ready = self.inner.lock();
-                if let Some((dispatch, redelivered)) = ready.messages.pop_front() {
+                if let Some(Reverse(Waiting {
+                    dispatch, redelivered, ..
+                })) = ready.messages.pop()
+                {
                     let more = !ready.messages.is_empty();
                     drop(ready);
                     if more {
@@ -152,7 +218,7 @@ pub struct InprocDelivery {
 impl InprocDelivery {
     fn requeue(&mut self) {
         if let Some(dispatch) = self.dispatch.take() {
-            self.inner.push(dispatch, true, true);
+            self.inner.push(dispatch, true);
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use flowforge_domain::{Defaults, RetrySpec, TaskDocument, WorkflowDefinition, WorkflowDocument};
+use flowforge_domain::{Defaults, Priority, RetrySpec, TaskDocument, WorkflowDefinition, WorkflowDocument};
 use flowforge_ports::store::DefinitionSummary;
 use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, WorkflowId, store};
 use serde_json::{Value, json};
@@ -38,6 +38,7 @@ struct TaskRow {
     retry: Option<Value>,
     compensate_for: Option<String>,
     max_attempts: i32,
+    priority: Option<i16>,
 }
 
 /// One record per task for `jsonb_to_recordset`: the task as written plus
@@ -59,6 +60,7 @@ fn task_records(def: &WorkflowDefinition) -> Result<Value, store::Error> {
                 .map_err(|e| store::Error::Other(format!("cannot encode task '{}': {e}", doc.key)))?,
             "compensate_for": doc.compensate_for,
             "max_attempts": def.retry_policy(task).max_attempts,
+            "priority": doc.priority,
         }));
     }
     Ok(Value::Array(records))
@@ -109,6 +111,11 @@ fn rebuild(row: &WorkflowRow, tasks: Vec<TaskRow>) -> Result<WorkflowDefinition,
                 format!("task '{}': the stored retry policy is not valid: {e}", t.key),
             )
         })?;
+        let priority = t
+            .priority
+            .map(|p| Priority::new(p.into()))
+            .transpose()
+            .map_err(|e| invalid(row, format!("task '{}': {e}", t.key)))?;
         limits.push((t.key.clone(), i64::from(t.max_attempts)));
         documents.push(TaskDocument {
             key: t.key,
@@ -118,6 +125,7 @@ fn rebuild(row: &WorkflowRow, tasks: Vec<TaskRow>) -> Result<WorkflowDefinition,
             timeout_seconds: t.timeout_seconds,
             retry,
             compensate_for: t.compensate_for,
+            priority,
         });
     }
     let doc = WorkflowDocument {

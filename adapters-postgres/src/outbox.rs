@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flowforge_ports::{Dispatch, DispatchId, OutboxStore, OutboxSweep, RunId, Scope, TaskRunId, store};
@@ -13,6 +14,7 @@ use uuid::Uuid;
 
 use crate::error::store_error;
 use crate::queries;
+use crate::rows::priority;
 use crate::runs::scope_runs;
 use crate::store::PgStore;
 
@@ -25,6 +27,7 @@ struct OutboxRow {
     task_type: String,
     fencing_token: i64,
     created_at: DateTime<Utc>,
+    priority: i16,
 }
 
 /// One sweep: the rows it holds stay locked until commit or drop (drop
@@ -56,7 +59,7 @@ impl fmt::Debug for PgSweep {
 impl OutboxStore for PgStore {
     type Sweep = PgSweep;
 
-    async fn begin_sweep(&self, scope: Scope, limit: u32) -> Result<Option<PgSweep>, store::Error> {
+    async fn begin_sweep(&self, scope: Scope, limit: u32, aging: Duration) -> Result<Option<PgSweep>, store::Error> {
         if limit == 0 {
             return Ok(None);
         }
@@ -66,6 +69,7 @@ impl OutboxStore for PgStore {
         let rows: Vec<OutboxRow> = sqlx::query_as(queries::SWEEP)
             .bind(i64::from(limit))
             .bind(scope_runs(&scope))
+            .bind(micros(aging))
             .fetch_all(&mut *tx)
             .await
             .map_err(store_error)?;
@@ -76,16 +80,19 @@ impl OutboxStore for PgStore {
         let held = rows.iter().map(|r| r.id).collect();
         let dispatches = rows
             .into_iter()
-            .map(|r| Dispatch {
-                dispatch_id: DispatchId(r.id),
-                task_run_id: TaskRunId(r.task_run_id),
-                run_id: RunId(r.run_id),
-                task_key: r.task_key,
-                task_type: r.task_type,
-                fencing_token: r.fencing_token,
-                ready_at: Some(r.created_at),
+            .map(|r| {
+                Ok(Dispatch {
+                    priority: priority(r.priority, "outbox.priority")?,
+                    dispatch_id: DispatchId(r.id),
+                    task_run_id: TaskRunId(r.task_run_id),
+                    run_id: RunId(r.run_id),
+                    task_key: r.task_key,
+                    task_type: r.task_type,
+                    fencing_token: r.fencing_token,
+                    ready_at: Some(r.created_at),
+                })
             })
-            .collect();
+            .collect::<Result<_, store::Error>>()?;
         Ok(Some(PgSweep {
             store: self.clone(),
             tx: Some(tx),
@@ -128,4 +135,9 @@ impl OutboxSweep for PgSweep {
             .ok_or_else(|| store::Error::Other("the sweep has ended".to_owned()))?;
         tx.commit().await.map_err(store_error)
     }
+}
+
+/// `aging` in microseconds, as the sweep binds it.
+fn micros(aging: Duration) -> f64 {
+    aging.as_secs_f64() * 1_000_000.0
 }

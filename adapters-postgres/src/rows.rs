@@ -4,7 +4,7 @@
 use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
-use flowforge_domain::{CancelReason, RunState, TaskRunState};
+use flowforge_domain::{CancelReason, Priority, RunState, TaskRunState};
 use flowforge_ports::store::{DefinitionSummary, TokenStatus, TokenView};
 use flowforge_ports::{
     EventView, PassTask, RunId, RunSummary, TaskRunId, TaskRunView, WorkerId, WorkerInfo, WorkflowId, store,
@@ -36,6 +36,11 @@ pub(crate) fn to_i32(value: u32, what: &str) -> Result<i32, store::Error> {
     i32::try_from(value).map_err(|_| store::Error::Other(format!("{what} {value} does not fit the store")))
 }
 
+/// Checks a stored priority against the scale.
+pub(crate) fn priority(value: i16, column: &str) -> Result<Priority, store::Error> {
+    Priority::new(value.into()).map_err(|_| corrupt(format!("{column} holds {value}, which is off the 0-9 scale")))
+}
+
 fn reason(value: Option<String>) -> Result<Option<CancelReason>, store::Error> {
     value
         .map(|r| parse_name::<CancelReason>(&r, "task_run.cancel_reason"))
@@ -51,6 +56,7 @@ pub(crate) struct SummaryRow {
     pub(crate) state: String,
     pub(crate) cancel_requested: bool,
     pub(crate) generation: i32,
+    pub(crate) priority: i16,
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) started_at: Option<DateTime<Utc>>,
     pub(crate) finished_at: Option<DateTime<Utc>>,
@@ -66,6 +72,7 @@ impl SummaryRow {
             state: parse_name::<RunState>(&self.state, "workflow_run.state")?,
             cancel_requested: self.cancel_requested,
             generation: to_u32(self.generation, "workflow_run.generation")?,
+            priority: priority(self.priority, "workflow_run.priority")?,
             created_at: self.created_at,
             started_at: self.started_at,
             finished_at: self.finished_at,
@@ -90,6 +97,7 @@ pub(crate) struct TaskRunRow {
     pub(crate) attempt: i32,
     pub(crate) generation: i32,
     pub(crate) fencing_token: i64,
+    pub(crate) priority: i16,
     pub(crate) cancel_reason: Option<String>,
     pub(crate) result: Option<Value>,
     pub(crate) error: Option<String>,
@@ -111,6 +119,7 @@ impl TaskRunRow {
             attempt: to_u32(self.attempt, "task_run.attempt")?,
             generation: to_u32(self.generation, "task_run.generation")?,
             token: self.fencing_token,
+            priority: priority(self.priority, "task_run.priority")?,
             cancel_reason: reason(self.cancel_reason)?,
             output: self.result,
             error: self.error,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use flowforge_domain::limits::{self, MAX_STALE_AUDITS_PER_TASK_RUN, Refusal, ValueKind};
 use flowforge_domain::retry::Reset;
-use flowforge_domain::{RunState, TaskRunState, TaskTransition, run_machine};
+use flowforge_domain::{Priority, RunState, TaskRunState, TaskTransition, run_machine};
 use flowforge_ports::store::{Gauges, IdempotencyKey, KeyedStart, RunQuery, resolve_generic_transition};
 use flowforge_ports::{
     CancelOutcome, Claim, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore, RunSummary, Scope,
@@ -107,12 +107,14 @@ impl PgStore {
         id: Uuid,
         workflow: WorkflowId,
         input: &Value,
+        priority: Priority,
     ) -> Result<[(Topic, bool); 2], store::Error> {
         let (created, woke_publisher, woke_scheduler): (bool, bool, bool) = sqlx::query_as(queries::START_RUN)
             .bind(self.offset())
             .bind(id)
             .bind(workflow.0)
             .bind(input)
+            .bind(i16::from(priority.get()))
             .fetch_one(exec)
             .await
             .map_err(store_error)?;
@@ -266,10 +268,17 @@ impl RunStore for PgStore {
     type Pass = PgRunPass;
     type Notifier = PgNotifier;
 
-    async fn start_run(&self, workflow: WorkflowId, input: Value) -> Result<RunId, store::Error> {
+    async fn start_run_with_priority(
+        &self,
+        workflow: WorkflowId,
+        input: Value,
+        priority: Priority,
+    ) -> Result<RunId, store::Error> {
         limits::refuse_nul(ValueKind::RunInput, &input)?;
         let id = Uuid::now_v7();
-        let owed = self.create_run(&self.inner.pool, id, workflow, &input).await?;
+        let owed = self
+            .create_run(&self.inner.pool, id, workflow, &input, priority)
+            .await?;
         self.announce(&owed).await;
         Ok(RunId(id))
     }
@@ -644,6 +653,7 @@ impl RunStore for PgStore {
         &self,
         workflow: WorkflowId,
         input: Value,
+        priority: Priority,
         key: &IdempotencyKey,
     ) -> Result<KeyedStart, store::Error> {
         limits::refuse_nul(ValueKind::RunInput, &input)?;
@@ -665,7 +675,7 @@ impl RunStore for PgStore {
             return found
                 .ok_or_else(|| store::Error::Other(format!("idempotency key '{}' is taken but not found", key.key)));
         }
-        let owed = match self.create_run(&mut *tx, id, workflow, &input).await {
+        let owed = match self.create_run(&mut *tx, id, workflow, &input, priority).await {
             Ok(owed) => owed,
             Err(e) => {
                 // Now, not on the connection's next use: a call waiting on

@@ -153,6 +153,13 @@ fn precondition_failed(error: &lapin::Error) -> Option<String> {
     }
 }
 
+/// Whether `error` is the broker's NOT_FOUND (404): a passive declare of a
+/// queue that does not exist.
+pub(crate) fn not_found(error: &lapin::Error) -> bool {
+    matches!(error.kind(), ErrorKind::ProtocolError(amqp)
+        if matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)))
+}
+
 /// Any other lapin error: the connection or channel is gone or refused us;
 /// retrying later may succeed.
 pub(crate) fn unavailable(context: &str, error: &lapin::Error) -> queue::Error {
@@ -189,7 +196,7 @@ async fn declare<T>(
 }
 
 /// Runs a step with a timeout, leaving its own error to the caller.
-async fn bounded_raw<T>(
+pub(crate) async fn bounded_raw<T>(
     limit: Duration,
     what: &str,
     step: impl Future<Output = lapin::Result<T>>,

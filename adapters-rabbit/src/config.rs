@@ -56,6 +56,55 @@ pub struct RabbitConfig {
     /// `rabbitmq.conf`): set it to what the broker is configured with.
     /// Default 30 min, RabbitMQ's default. See the crate docs.
     pub consumer_timeout: Duration,
+    /// How many ready messages the publisher keeps in the queue; the rest
+    /// wait in the outbox, which is swept in priority order. Default
+    /// [`DispatchWindow::Consumers`]. See the crate docs.
+    pub dispatch_window: DispatchWindow,
+}
+
+/// How many ready (delivered to nobody yet) messages the publisher keeps
+/// in the queue. A quorum queue hands messages out in the order they came,
+/// so work published ahead of a later, more urgent dispatch goes first:
+/// the window bounds how much can (docs/design/priorities.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DispatchWindow {
+    /// One per consumer on the queue (at least one): every consumer that
+    /// acks finds its next message waiting, and nothing more queues ahead.
+    #[default]
+    Consumers,
+    /// At most this many (at least one).
+    Fixed(u32),
+    /// No bound: every row is published as it is swept, and priority
+    /// orders only the rows that wait in the outbox.
+    Unbounded,
+}
+
+impl DispatchWindow {
+    /// The window for a queue with `consumers` consumers, or `None` when
+    /// unbounded.
+    pub fn size(self, consumers: u32) -> Option<u32> {
+        match self {
+            Self::Consumers => Some(consumers.max(1)),
+            Self::Fixed(n) => Some(n.max(1)),
+            Self::Unbounded => None,
+        }
+    }
+}
+
+impl std::str::FromStr for DispatchWindow {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "consumers" => Ok(Self::Consumers),
+            "unbounded" => Ok(Self::Unbounded),
+            n => match n.parse::<u32>() {
+                Ok(n) if n > 0 => Ok(Self::Fixed(n)),
+                _ => Err(format!(
+                    "dispatch window must be 'consumers', 'unbounded' or a positive number of messages, not '{s}'"
+                )),
+            },
+        }
+    }
 }
 
 impl RabbitConfig {
@@ -71,6 +120,7 @@ impl RabbitConfig {
             connect_timeout: Duration::from_secs(5),
             connection_name: "flowforge".to_owned(),
             consumer_timeout: DEFAULT_CONSUMER_TIMEOUT,
+            dispatch_window: DispatchWindow::default(),
         }
     }
 
@@ -101,6 +151,7 @@ impl fmt::Debug for RabbitConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("connection_name", &self.connection_name)
             .field("consumer_timeout", &self.consumer_timeout)
+            .field("dispatch_window", &self.dispatch_window)
             .finish()
     }
 }
@@ -148,6 +199,7 @@ pub(crate) struct Settings {
     pub(crate) publish_timeout: Duration,
     pub(crate) confirm_timeout: Duration,
     pub(crate) connect_timeout: Duration,
+    pub(crate) dispatch_window: DispatchWindow,
 }
 
 impl Settings {
@@ -187,6 +239,7 @@ impl Settings {
             publish_timeout: config.publish_timeout,
             confirm_timeout: config.confirm_timeout,
             connect_timeout: config.connect_timeout,
+            dispatch_window: config.dispatch_window,
         })
     }
 

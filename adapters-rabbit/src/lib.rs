@@ -34,6 +34,17 @@
 //! the broker's value; raising the broker's limit is the only way to run
 //! longer tasks. (The broker does not tell its clients this value.)
 //!
+//! # The dispatch window
+//!
+//! A quorum queue delivers in arrival order, so priorities
+//! (docs/design/priorities.md) are kept by publishing late: before each
+//! sweep the publisher asks the queue (a passive declare) how many messages
+//! wait ready and how many consumers it has, and takes from the outbox only
+//! enough to fill [`RabbitConfig::dispatch_window`] — by default one ready
+//! message per consumer. Everything else waits in the outbox, which is
+//! swept highest priority first. Urgent work therefore queues behind at
+//! most the window, not behind the whole backlog.
+//!
 //! # Redelivery limits
 //!
 //! RabbitMQ 4.0 and later give quorum queues a default delivery limit of 20:
@@ -58,7 +69,7 @@ mod trace;
 
 pub use config::{
     CONSUMER_TIMEOUT_MARGIN, ConfigError, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_EXCHANGE, DEFAULT_QUEUE,
-    DEFAULT_ROUTING_KEY, RabbitConfig,
+    DEFAULT_ROUTING_KEY, DispatchWindow, RabbitConfig,
 };
 pub use consumer::{RabbitConsumer, RabbitDelivery, RabbitQueue};
 pub use publisher::RabbitPublisher;

@@ -7,13 +7,14 @@ use std::time::Duration;
 use flowforge_ports::{Dispatch, DispatchPublisher, queue};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::message::BasicReturnMessage;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Confirmation, Connection, PublisherConfirm};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::broker;
-use crate::config::{ConfigError, RabbitConfig, Settings};
+use crate::config::{ConfigError, DispatchWindow, RabbitConfig, Settings};
 
 /// AMQP delivery mode 2: the broker writes the message to disk.
 const PERSISTENT: u8 = 2;
@@ -30,11 +31,14 @@ pub struct RabbitPublisher {
     session: Mutex<Option<Session>>,
 }
 
-/// A connection and its confirm-mode channel.
+/// A connection, its confirm-mode channel, and the channel that asks the
+/// queue's depth (a failed passive declare closes its channel, which must
+/// not be the one carrying confirms).
 #[derive(Debug)]
 struct Session {
     connection: Connection,
     channel: Channel,
+    probe: Option<Channel>,
 }
 
 impl RabbitPublisher {
@@ -78,7 +82,50 @@ impl RabbitPublisher {
         )
         .await?;
         broker::declare_exchange(&channel, settings).await?;
-        Ok(Session { connection, channel })
+        Ok(Session {
+            connection,
+            channel,
+            probe: None,
+        })
+    }
+
+    /// The queue's ready messages and consumers, by a passive declare on
+    /// the probe channel. `Ok(None)`: the queue does not exist yet (no
+    /// worker has declared it).
+    async fn depth(&self, session: &mut Session) -> Result<Option<(u32, u32)>, queue::Error> {
+        let settings = &self.settings;
+        let probe = match &session.probe {
+            Some(channel) if channel.status().connected() => channel.clone(),
+            _ => {
+                let channel = broker::open_channel(&session.connection, settings).await?;
+                session.probe = Some(channel.clone());
+                channel
+            }
+        };
+        let declared = broker::bounded_raw(
+            settings.connect_timeout,
+            "asking the queue's depth",
+            probe.queue_declare(
+                settings.queue.clone(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            ),
+        )
+        .await?;
+        match declared {
+            Ok(queue) => Ok(Some((queue.message_count(), queue.consumer_count()))),
+            Err(error) if broker::not_found(&error) => {
+                session.probe = None;
+                Ok(None)
+            }
+            Err(error) => {
+                session.probe = None;
+                Err(broker::unavailable("asking the queue's depth", &error))
+            }
+        }
     }
 }
 
@@ -114,6 +161,32 @@ impl DispatchPublisher for RabbitPublisher {
             *slot = None;
         }
         outcome.results
+    }
+
+    /// What fills [`RabbitConfig::dispatch_window`](crate::RabbitConfig):
+    /// the window less the messages already waiting ready. Unbounded, or a
+    /// queue nobody declared yet (a publish would come back unroutable,
+    /// which the caller reports): `None`.
+    async fn room(&self) -> Result<Option<u32>, queue::Error> {
+        if self.settings.dispatch_window == DispatchWindow::Unbounded {
+            return Ok(None);
+        }
+        let mut slot = self.session.lock().await;
+        if self.ensure_session(&mut slot).await.is_err() {
+            // Let the publish report the outage, as it did before windows.
+            return Ok(None);
+        }
+        let Some(session) = slot.as_mut() else {
+            return Ok(None);
+        };
+        let Some((ready, consumers)) = self.depth(session).await? else {
+            return Ok(None);
+        };
+        Ok(self
+            .settings
+            .dispatch_window
+            .size(consumers)
+            .map(|window| window.saturating_sub(ready)))
     }
 }
 
@@ -323,6 +396,7 @@ mod tests {
             task_type: "noop".to_owned(),
             fencing_token: 1,
             ready_at: None,
+            priority: Default::default(),
         }
     }
 

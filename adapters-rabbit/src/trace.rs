@@ -46,6 +46,7 @@ mod tests {
             task_type: "noop".into(),
             fencing_token: 1,
             ready_at: None,
+            priority: Default::default(),
         };
         let table = headers(&dispatch);
         let carried = trace_parent(Some(&table)).expect("a traceparent");

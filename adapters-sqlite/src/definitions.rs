@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use flowforge_domain::{Defaults, RetrySpec, TaskDocument, WorkflowDefinition, WorkflowDocument};
+use flowforge_domain::{Defaults, Priority, RetrySpec, TaskDocument, WorkflowDefinition, WorkflowDocument};
 use flowforge_ports::store::DefinitionSummary;
 use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, WorkflowId, store};
 use serde_json::{Map, Value, json};
@@ -41,6 +41,7 @@ struct TaskRow {
     retry: Option<String>,
     compensate_for: Option<String>,
     max_attempts: i64,
+    priority: Option<i64>,
 }
 
 /// The task rows of `def`, as one JSON array for a `json_each` insert.
@@ -64,6 +65,9 @@ fn task_rows(def: &WorkflowDefinition) -> Result<String, store::Error> {
             }
             if let Some(c) = t.compensate_for() {
                 row.insert("compensate_for".into(), json!(c));
+            }
+            if let Some(p) = t.priority() {
+                row.insert("priority".into(), json!(p.get()));
             }
             row.insert("max_attempts".into(), json!(def.retry_policy(t).max_attempts));
             Value::Object(row)
@@ -106,6 +110,11 @@ fn assemble(w: WorkflowRow, rows: Vec<TaskRow>) -> Result<Published, LoadError> 
             .map(serde_json::from_str)
             .transpose()
             .map_err(|e| invalid(format!("task '{}': retry is not a retry policy: {e}", row.key)))?;
+        let priority = row
+            .priority
+            .map(Priority::new)
+            .transpose()
+            .map_err(|e| invalid(format!("task '{}': {e}", row.key)))?;
         max_attempts.push((row.key.clone(), row.max_attempts));
         tasks.push(TaskDocument {
             key: row.key,
@@ -115,6 +124,7 @@ fn assemble(w: WorkflowRow, rows: Vec<TaskRow>) -> Result<Published, LoadError> 
             timeout_seconds: row.timeout_seconds,
             retry,
             compensate_for: row.compensate_for,
+            priority,
         });
     }
     let document = WorkflowDocument {

@@ -13,12 +13,13 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use flowforge_ports::{Dispatch, DispatchId, OutboxStore, OutboxSweep, Scope, TaskRunId, store};
 
 use crate::queries;
 use crate::rows::run_id;
-use crate::rows::{decode, scope_key, time};
+use crate::rows::{decode, priority, scope_key, time};
 use crate::store::{Inner, SqliteStore, ids_json, lock, padded, sql};
 
 #[derive(Debug, sqlx::FromRow)]
@@ -30,6 +31,7 @@ struct OutboxRow {
     task_type: String,
     fencing_token: i64,
     created_at: i64,
+    priority: i64,
 }
 
 /// An open sweep: rows held in this process until committed or dropped.
@@ -61,7 +63,12 @@ impl Drop for SqliteSweep {
 impl OutboxStore for SqliteStore {
     type Sweep = SqliteSweep;
 
-    async fn begin_sweep(&self, scope: Scope, limit: u32) -> Result<Option<SqliteSweep>, store::Error> {
+    async fn begin_sweep(
+        &self,
+        scope: Scope,
+        limit: u32,
+        aging: Duration,
+    ) -> Result<Option<SqliteSweep>, store::Error> {
         let _gate = self.inner.sweep_gate.lock().await;
         let skip: Vec<i64> = lock(&self.inner.held_dispatches).iter().copied().collect();
         let rows = self
@@ -72,7 +79,8 @@ impl OutboxStore for SqliteStore {
                 sql(queries::SWEEP)
                     .bind(scope_key(&scope))
                     .bind(ids_json(&skip))
-                    .bind(i64::from(limit)),
+                    .bind(i64::from(limit))
+                    .bind(i64::try_from(aging.as_millis()).unwrap_or(i64::MAX)),
             )
             .await?;
         if rows.is_empty() {
@@ -83,6 +91,7 @@ impl OutboxStore for SqliteStore {
             .map(|r| {
                 let r: OutboxRow = decode(r)?;
                 Ok(Dispatch {
+                    priority: priority(r.priority, "outbox.priority")?,
                     dispatch_id: DispatchId(r.id),
                     task_run_id: TaskRunId(r.task_run_id),
                     run_id: run_id(&r.run_id)?,

@@ -72,7 +72,7 @@ async fn hot_statements_use_their_indexes() {
             crate::queries::CANCEL_WAITING,
             &["taskrun_active_idx"],
         ),
-        ("sweep", crate::queries::SWEEP, &["outbox_unpublished_idx"]),
+        ("sweep", crate::queries::SWEEP, &["outbox_pending_order_idx"]),
         ("activity", crate::queries::ACTIVITY, &["taskrun_active_idx"]),
         (
             "run_events",
@@ -94,7 +94,7 @@ async fn hot_statements_use_their_indexes() {
             &[
                 "taskrun_ready_idx",
                 "taskrun_lease_expiry_idx",
-                "outbox_unpublished_idx",
+                "outbox_pending_order_idx",
                 "workflowrun_active_idx",
             ],
         ),
@@ -141,7 +141,7 @@ const LIVE_INDEXES: [&str; 8] = [
     "taskrun_active_idx",
     "workflowrun_needs_pass_idx",
     "workflowrun_active_idx",
-    "outbox_unpublished_idx",
+    "outbox_pending_order_idx",
 ];
 
 /// Fails when a plan walks a table that grows with history (or one of

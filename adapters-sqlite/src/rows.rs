@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use flowforge_domain::Priority;
 use flowforge_ports::store::{DefinitionSummary, TokenStatus, TokenView};
 use flowforge_ports::{
     Clock, EventView, PassTask, RunId, RunSummary, Scope, TaskRunId, TaskRunView, WorkerId, WorkerInfo, WorkflowId,
@@ -78,6 +79,11 @@ pub(crate) fn u32_of(column: &'static str, value: i64) -> Result<u32, DecodeErro
     u32::try_from(value).map_err(|_| DecodeError::Number { column, value })
 }
 
+/// A stored priority, checked against the scale.
+pub(crate) fn priority(value: i64, column: &'static str) -> Result<Priority, DecodeError> {
+    Priority::new(value).map_err(|_| DecodeError::Number { column, value })
+}
+
 /// A stored count.
 pub(crate) fn u64_of(column: &'static str, value: i64) -> Result<u64, DecodeError> {
     u64::try_from(value).map_err(|_| DecodeError::Number { column, value })
@@ -113,6 +119,7 @@ pub(crate) struct SummaryRow {
     state: String,
     cancel_requested: bool,
     generation: i64,
+    priority: i64,
     created_at: i64,
     started_at: Option<i64>,
     finished_at: Option<i64>,
@@ -128,6 +135,7 @@ impl SummaryRow {
             state: name("workflow_run.state", &self.state)?,
             cancel_requested: self.cancel_requested,
             generation: u32_of("workflow_run.generation", self.generation)?,
+            priority: priority(self.priority, "workflow_run.priority")?,
             created_at: time("workflow_run.created_at", self.created_at)?,
             started_at: opt_time("workflow_run.started_at", self.started_at)?,
             finished_at: opt_time("workflow_run.finished_at", self.finished_at)?,
@@ -144,6 +152,7 @@ pub(crate) struct TaskRunRow {
     attempt: i64,
     generation: i64,
     fencing_token: i64,
+    priority: i64,
     cancel_reason: Option<String>,
     result: Option<String>,
     error: Option<String>,
@@ -165,6 +174,7 @@ impl TaskRunRow {
             attempt: u32_of("task_run.attempt", self.attempt)?,
             generation: u32_of("task_run.generation", self.generation)?,
             token: self.fencing_token,
+            priority: priority(self.priority, "task_run.priority")?,
             cancel_reason: opt_name("task_run.cancel_reason", self.cancel_reason.as_deref())?,
             output: self.result.as_deref().map(|r| json("task_run.result", r)).transpose()?,
             error: self.error,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use flowforge_domain::limits::{self, Refusal, ValueKind};
 use flowforge_domain::retry::Reset;
-use flowforge_domain::{RunState, TaskRunState, TaskTransition, initial_task_run_state};
+use flowforge_domain::{Priority, RunState, TaskRunState, TaskTransition, initial_task_run_state};
 use flowforge_ports::store::resolve_generic_transition;
 use flowforge_ports::store::{Gauges, IdempotencyKey, KeyedStart, RunQuery};
 use flowforge_ports::{
@@ -86,6 +86,7 @@ impl SqliteStore {
         &self,
         workflow: WorkflowId,
         input: Value,
+        priority: Priority,
         key: Option<&IdempotencyKey>,
     ) -> Result<Option<RunId>, store::Error> {
         // SQLite could keep it, PostgreSQL cannot: both refuse it, so the
@@ -112,6 +113,11 @@ impl SqliteStore {
         for row in &tasks {
             let task: String = col(row, 0)?;
             let deps: i64 = col(row, 1)?;
+            let own: Option<i64> = col(row, 2)?;
+            let task_priority = match own {
+                Some(p) => Priority::new(p).map_err(|e| store::Error::Corrupt(format!("task '{task}': {e}")))?,
+                None => priority,
+            };
             let count = usize::try_from(deps).map_err(|_| {
                 store::Error::Corrupt(format!("task '{task}' of workflow {workflow} has {deps} dependencies"))
             })?;
@@ -119,6 +125,7 @@ impl SqliteStore {
                 "k": task,
                 "s": initial_task_run_state(count).as_str(),
                 "d": deps,
+                "p": task_priority.get(),
             }));
         }
         let rows = serde_json::to_string(&rows).map_err(|e| store::Error::Other(e.to_string()))?;
@@ -133,7 +140,8 @@ impl SqliteStore {
             .bind(&run_text)
             .bind(workflow.0)
             .bind(input.clone())
-            .bind(rows);
+            .bind(rows)
+            .bind(i64::from(priority.get()));
         if let Some(k) = key {
             query = query.bind(k.key.clone()).bind(k.request_hash.clone());
         }
@@ -176,9 +184,14 @@ impl RunStore for SqliteStore {
     type Pass = SqlitePass;
     type Notifier = SqliteNotifier;
 
-    async fn start_run(&self, workflow: WorkflowId, input: Value) -> Result<RunId, store::Error> {
+    async fn start_run_with_priority(
+        &self,
+        workflow: WorkflowId,
+        input: Value,
+        priority: Priority,
+    ) -> Result<RunId, store::Error> {
         // Without a key there is no key to find taken: always a run.
-        self.create_run(workflow, input, None)
+        self.create_run(workflow, input, priority, None)
             .await?
             .ok_or_else(|| store::Error::Other("start_run found a key it was not given".into()))
     }
@@ -726,6 +739,7 @@ impl RunStore for SqliteStore {
         &self,
         workflow: WorkflowId,
         input: Value,
+        priority: Priority,
         key: &IdempotencyKey,
     ) -> Result<KeyedStart, store::Error> {
         // A retried request usually finds its key: answered from a reader,
@@ -733,7 +747,7 @@ impl RunStore for SqliteStore {
         if let Some(found) = self.keyed_run(key).await? {
             return Ok(found);
         }
-        if let Some(run) = self.create_run(workflow, input, Some(key)).await? {
+        if let Some(run) = self.create_run(workflow, input, priority, Some(key)).await? {
             return Ok(KeyedStart::Started(run));
         }
         // Another call recorded the key between the read and the write; it

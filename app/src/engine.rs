@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flowforge_domain::limits::Limits;
-use flowforge_domain::{RunState, WorkflowDefinition};
+use flowforge_domain::{Priority, RunState, WorkflowDefinition};
 use flowforge_ports::store::{CancelOutcome, Published};
 use flowforge_ports::{DispatchPublisher, DispatchQueue, Observer, RunId, RunSet, Scope, Store, WorkerId, WorkflowId};
 use serde_json::Value;
@@ -41,6 +41,9 @@ pub struct EngineConfig {
     pub limits: Limits,
     /// How long a cancelled or timed-out handler gets to stop.
     pub stop_grace: Duration,
+    /// How long ready work waits to gain one priority level
+    /// (docs/design/priorities.md#aging); give the queue the same.
+    pub priority_aging: Duration,
 }
 
 impl Default for EngineConfig {
@@ -51,6 +54,7 @@ impl Default for EngineConfig {
             worker_id: WorkerId(format!("embedded-{}", std::process::id())),
             limits: Limits::default(),
             stop_grace: Duration::from_secs(5),
+            priority_aging: flowforge_ports::store::DEFAULT_PRIORITY_AGING,
         }
     }
 }
@@ -275,9 +279,21 @@ where
         self.service.publish(def, &known).await
     }
 
-    /// Starts a run of a published definition ([`Service::start`]).
+    /// Starts a run of a published definition at the default priority
+    /// ([`Service::start`]).
     pub async fn start(&self, workflow: WorkflowId, input: Value) -> Result<RunId, Error> {
-        self.service.start(workflow, input).await
+        self.service.start(workflow, input, Priority::DEFAULT).await
+    }
+
+    /// Starts a run of a published definition at `priority`
+    /// (docs/design/priorities.md).
+    pub async fn start_with_priority(
+        &self,
+        workflow: WorkflowId,
+        input: Value,
+        priority: Priority,
+    ) -> Result<RunId, Error> {
+        self.service.start(workflow, input, priority).await
     }
 
     /// Requests cancellation of `run` ([`Service::cancel`]) and stops its
@@ -325,6 +341,7 @@ where
             PublisherConfig {
                 scope,
                 nudge,
+                aging: self.config.priority_aging,
                 ..PublisherConfig::default()
             },
         )

@@ -1,12 +1,14 @@
 //! The outbox publisher (docs/design/outbox-and-queues.md#the-publisher): sweep
-//! unpublished rows in bounded batches, publish them with confirms, mark the
+//! unpublished rows in bounded batches, in priority order
+//! (docs/design/priorities.md), publish them with confirms, mark the
 //! confirmed ones in the same transaction. A broker outage rolls back: the rows
-//! stay and are retried.
+//! stay and are retried. A queue that keeps a window takes only what fits;
+//! the rest waits in the outbox, polled until there is room.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use flowforge_ports::store::{Notifier, OutboxSweep, Topic};
+use flowforge_ports::store::{DEFAULT_PRIORITY_AGING, Notifier, OutboxSweep, Topic};
 use flowforge_ports::{DispatchId, DispatchPublisher, Scope, Store, queue};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -22,6 +24,9 @@ pub struct SweepReport {
     pub failed: usize,
     /// Whether the batch was full (sweep again at once).
     pub more: bool,
+    /// Whether the queue's window held rows back (sweep again once a
+    /// consumer has taken some).
+    pub held_back: bool,
 }
 
 /// Tuning of the publisher loop.
@@ -36,6 +41,13 @@ pub struct PublisherConfig {
     /// Wakes the loop like a store notification does (see
     /// [`Scope::Runs`]: its owner pokes it after adding a run).
     pub nudge: Option<Arc<Notify>>,
+    /// How long waiting work takes to gain one priority level
+    /// (docs/design/priorities.md#aging).
+    pub aging: Duration,
+    /// How soon to look again while the queue's window holds rows back;
+    /// doubled (up to a quarter second) each time the window stays full, so
+    /// a queue without consumers is not polled hard.
+    pub room_poll: Duration,
 }
 
 impl Default for PublisherConfig {
@@ -45,6 +57,8 @@ impl Default for PublisherConfig {
             batch: 500,
             safety_net: Duration::from_secs(30),
             nudge: None,
+            aging: DEFAULT_PRIORITY_AGING,
+            room_poll: Duration::from_millis(5),
         }
     }
 }
@@ -67,9 +81,18 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
     /// failure was the broker's (transient), the sweep reports an error so
     /// the loop backs off — after committing what did get through.
     pub async fn publish_once(&self) -> Result<SweepReport, Error> {
+        let batch = self.config.batch;
+        let room = self.queue.room().await?;
+        let limit = room.map_or(batch, |room| room.min(batch));
+        if limit == 0 {
+            return Ok(SweepReport {
+                held_back: true,
+                ..SweepReport::default()
+            });
+        }
         let Some(mut sweep) = self
             .store
-            .begin_sweep(self.config.scope.clone(), self.config.batch)
+            .begin_sweep(self.config.scope.clone(), limit, self.config.aging)
             .await?
         else {
             return Ok(SweepReport::default());
@@ -106,7 +129,8 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
         Ok(SweepReport {
             published: confirmed.len(),
             failed,
-            more: rows.len() >= self.config.batch as usize,
+            more: rows.len() >= batch as usize,
+            held_back: limit < batch && rows.len() >= limit as usize,
         })
     }
 
@@ -116,12 +140,26 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
         let notifier = self.store.notifier().await?;
         let mut failures = 0u32;
+        let mut full_polls = 0u32;
         loop {
+            let mut wait = self.config.safety_net;
             match self.publish_once().await {
                 Ok(report) => {
                     failures = 0;
                     if report.more {
                         continue;
+                    }
+                    if report.held_back {
+                        full_polls = if report.published > 0 {
+                            0
+                        } else {
+                            full_polls.saturating_add(1)
+                        };
+                        wait = self
+                            .config
+                            .room_poll
+                            .saturating_mul(1 << full_polls.min(8))
+                            .min(Duration::from_millis(250));
                     }
                 }
                 Err(Error::Queue(e)) if !e.is_transient() => return Err(Error::Queue(e)),
@@ -139,7 +177,7 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
                 () = shutdown.cancelled() => return Ok(()),
                 () = notifier.notified(Topic::Publisher) => {}
                 () = crate::nudged(self.config.nudge.as_deref()) => {}
-                () = tokio::time::sleep(self.config.safety_net) => {}
+                () = tokio::time::sleep(wait) => {}
             }
         }
     }

@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use flowforge_domain::derive::compensation_order;
-use flowforge_domain::{RunState, TaskRunState, WorkflowDefinition};
+use flowforge_domain::{Priority, RunState, TaskRunState, WorkflowDefinition};
 use flowforge_ports::store::{EventView, RunDetail, TaskRunView};
 use serde::Serialize;
 use serde_json::Value;
@@ -53,6 +53,8 @@ pub struct TaskReport {
     pub attempt: u32,
     /// The run generation it last ran in (docs/design/retry.md).
     pub generation: u32,
+    /// The priority it is dispatched at (docs/design/priorities.md).
+    pub priority: Priority,
     /// `user` or `upstream_failed` when cancelled.
     pub cancel_reason: Option<String>,
     /// Output when succeeded.
@@ -145,6 +147,8 @@ pub struct RunReport {
     pub state: String,
     /// 1, plus one per retry (docs/design/retry.md).
     pub generation: u32,
+    /// The priority it was started at (docs/design/priorities.md).
+    pub priority: Priority,
     /// Run input.
     pub input: Value,
     /// When it moved to running.
@@ -178,6 +182,7 @@ impl RunReport {
                 state: t.state.to_string(),
                 attempt: t.attempt,
                 generation: t.generation,
+                priority: t.priority,
                 cancel_reason: t.cancel_reason.map(|r| r.to_string()),
                 output: t.output.clone(),
                 error: t.error.clone(),
@@ -235,6 +240,7 @@ impl RunReport {
             },
             state: detail.summary.state.to_string(),
             generation: detail.summary.generation,
+            priority: detail.summary.priority,
             input: detail.input.clone(),
             started_at: time(detail.summary.started_at),
             finished_at: time(detail.summary.finished_at),
@@ -310,6 +316,7 @@ mod tests {
             attempt: generation,
             generation,
             token: 1,
+            priority: Priority::DEFAULT,
             cancel_reason: None,
             output: (state == TaskRunState::Succeeded).then(|| json!({})),
             error: (state == TaskRunState::Failed).then(|| "boom".to_owned()),
@@ -346,6 +353,7 @@ mod tests {
                 state: RunState::Failed,
                 cancel_requested: false,
                 generation: 2,
+                priority: Priority::DEFAULT,
                 created_at: DateTime::UNIX_EPOCH,
                 started_at: None,
                 finished_at: None,

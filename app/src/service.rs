@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use flowforge_domain::limits::{self, Limits, ValueKind};
 use flowforge_domain::retry::{Reset, reset_set};
-use flowforge_domain::{RunState, TaskRunState, WorkflowDefinition};
+use flowforge_domain::{Priority, RunState, TaskRunState, WorkflowDefinition};
 use flowforge_ports::store::{
     CancelOutcome, DefinitionSummary, EventView, Gauges, IdempotencyKey, KeyedStart, Notifier, Published, RunQuery,
     Topic,
@@ -182,12 +182,13 @@ impl<S: Store> Service<S> {
         }
     }
 
-    /// Starts a run of a published definition. An input that cannot be
-    /// stored or is larger than `max_run_input_bytes` is refused
-    /// ([`Error::Refused`]) before anything is written.
-    pub async fn start(&self, workflow: WorkflowId, input: Value) -> Result<RunId, Error> {
+    /// Starts a run of a published definition at `priority`
+    /// (docs/design/priorities.md). An input that cannot be stored or is
+    /// larger than `max_run_input_bytes` is refused ([`Error::Refused`])
+    /// before anything is written.
+    pub async fn start(&self, workflow: WorkflowId, input: Value, priority: Priority) -> Result<RunId, Error> {
         limits::check_value(ValueKind::RunInput, &input, self.limits.run_input_bytes)?;
-        let run = self.store.start_run(workflow, input).await?;
+        let run = self.store.start_run_with_priority(workflow, input, priority).await?;
         self.count_start(workflow).await;
         Ok(run)
     }
@@ -200,10 +201,11 @@ impl<S: Store> Service<S> {
         &self,
         workflow: WorkflowId,
         input: Value,
+        priority: Priority,
         key: &IdempotencyKey,
     ) -> Result<KeyedStart, Error> {
         limits::check_value(ValueKind::RunInput, &input, self.limits.run_input_bytes)?;
-        let started = self.store.start_run_keyed(workflow, input, key).await?;
+        let started = self.store.start_run_keyed(workflow, input, priority, key).await?;
         if matches!(started, KeyedStart::Started(_)) {
             self.count_start(workflow).await;
         }

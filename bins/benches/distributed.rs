@@ -455,6 +455,7 @@ fn dummy_dispatch(i: i64) -> Dispatch {
         task_type: "noop".to_owned(),
         fencing_token: 0,
         ready_at: None,
+        priority: flowforge_domain::Priority::DEFAULT,
     }
 }
 
@@ -533,7 +534,7 @@ async fn measure_floor(store: &PgStore, publisher: &RabbitPublisher) -> Floor {
     let sweep = async |run: RunId| -> (Duration, Duration) {
         let t0 = Instant::now();
         let mut sweep = store
-            .begin_sweep(Scope::Run(run), 10)
+            .begin_sweep(Scope::Run(run), 10, flowforge_ports::store::DEFAULT_PRIORITY_AGING)
             .await
             .expect("begin_sweep")
             .expect("a dispatch to sweep");

@@ -134,6 +134,14 @@ impl EmbeddedBuilder {
         self
     }
 
+    /// How long ready work waits to gain one priority level (default five
+    /// minutes): a priority-0 task goes before priority-9 work that became
+    /// ready more than nine times this after it (docs/design/priorities.md).
+    pub fn priority_aging(mut self, aging: Duration) -> Self {
+        self.config.priority_aging = aging;
+        self
+    }
+
     /// The folder a `command` task's relative `cwd` is resolved against
     /// (default: the current folder).
     pub fn base_dir(mut self, dir: impl Into<PathBuf>) -> Self {
@@ -216,6 +224,7 @@ impl EmbeddedBuilder {
             flowforge_app::register_builtins(&mut registry, options);
         }
         registry.extend(self.registry);
-        Engine::new(store, InprocQueue::new(), registry, self.observers, self.config)
+        let queue = InprocQueue::with_aging(self.config.priority_aging);
+        Engine::new(store, queue, registry, self.observers, self.config)
     }
 }

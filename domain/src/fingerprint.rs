@@ -27,7 +27,7 @@ fn retry(spec: Option<&RetrySpec>) -> Value {
 fn task(t: &TaskDefinition) -> Value {
     let mut depends_on: Vec<&str> = t.depends_on().iter().map(String::as_str).collect();
     depends_on.sort_unstable();
-    json!({
+    let mut task = json!({
         "key": t.key(),
         "task_type": t.task_type(),
         "depends_on": depends_on,
@@ -35,7 +35,13 @@ fn task(t: &TaskDefinition) -> Value {
         "timeout_seconds": t.timeout_seconds(),
         "retry": retry(t.retry()),
         "compensate_for": t.compensate_for(),
-    })
+    });
+    // Only when given: the fingerprints published before priorities
+    // existed must stay what they were.
+    if let Some(p) = t.priority() {
+        task["priority"] = json!(p.get());
+    }
+    task
 }
 
 fn defaults(d: &Defaults) -> Value {
@@ -141,6 +147,9 @@ mod tests {
         let mut with_timeout = base();
         with_timeout["tasks"][0]["timeout_seconds"] = json!(5);
         assert_ne!(def(with_timeout).fingerprint(), original);
+        let mut with_priority = base();
+        with_priority["tasks"][0]["priority"] = json!(9);
+        assert_ne!(def(with_priority).fingerprint(), original);
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod json_path;
 pub mod limits;
 pub mod machine;
 pub mod plan;
+pub mod priority;
 pub mod retry;
 pub mod schema;
 pub mod state;
@@ -24,6 +25,7 @@ pub use definition::{
 };
 pub use graph::{DependencyGraph, GraphError};
 pub use machine::{MachineError, RetryEdge, StateMachine, Transition};
+pub use priority::{Priority, PriorityError};
 pub use state::{
     CancelReason, RunState, RunTransition, TaskRunState, TaskTransition, initial_task_run_state, run_machine,
     task_machine,

@@ -426,6 +426,21 @@ mod tests {
     }
 
     #[test]
+    fn a_priority_off_the_scale_is_named_by_its_path() {
+        let task =
+            |p: Value| json!({"name": "w", "version": 1, "tasks": [{"key": "a", "task_type": "noop", "priority": p}]});
+        for bad in [json!(10), json!(-1), json!(2.5), json!("9")] {
+            assert_eq!(
+                paths(task(bad.clone())),
+                [("shape", "$.tasks[0].priority".into())],
+                "{bad}"
+            );
+        }
+        let bytes = serde_json::to_vec(&task(json!(9))).unwrap();
+        assert!(parse_definition(&bytes).is_ok());
+    }
+
+    #[test]
     fn odd_property_names_use_bracket_notation() {
         let p = paths(json!({"name": "w", "version": 1, "tasks": [{"key": "a", "task_type": "noop", "my key": 1}]}));
         assert_eq!(p, [("shape", "$.tasks[0]".into())]);

@@ -31,7 +31,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     /// The contract's sections, read as text: a case is a `pub async fn`.
-    const SECTIONS: [&str; 15] = [
+    const SECTIONS: [&str; 16] = [
         include_str!("contract/api.rs"),
         include_str!("contract/claims.rs"),
         include_str!("contract/definitions.rs"),
@@ -43,6 +43,7 @@ mod tests {
         include_str!("contract/outbox.rs"),
         include_str!("contract/pass.rs"),
         include_str!("contract/polling.rs"),
+        include_str!("contract/priority.rs"),
         include_str!("contract/queries.rs"),
         include_str!("contract/reads.rs"),
         include_str!("contract/reaper.rs"),

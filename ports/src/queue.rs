@@ -6,6 +6,8 @@ use std::future::Future;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use flowforge_domain::Priority;
+
 use crate::ids::{DispatchId, RunId, TaskRunId};
 
 /// One dispatch: "task run X is ready at token T". The payload every queue
@@ -30,6 +32,11 @@ pub struct Dispatch {
     /// before it was carried, so a message already queued still parses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_at: Option<DateTime<Utc>>,
+    /// The task run's priority, which an in-process queue orders by
+    /// (docs/design/priorities.md). Dispatches written before it was
+    /// carried parse as the default.
+    #[serde(default)]
+    pub priority: Priority,
 }
 
 impl Dispatch {
@@ -86,6 +93,16 @@ pub trait DispatchPublisher: Send + Sync + 'static {
     /// timeout. Publishing the same dispatch twice is allowed (consumers
     /// de-duplicate by claim).
     fn publish(&self, batch: &[Dispatch]) -> impl Future<Output = Vec<Result<(), Error>>> + Send;
+
+    /// How many more dispatches the queue should take now, or `None` when
+    /// it takes any number. A queue that cannot order by priority itself
+    /// keeps a small window of ready messages and leaves the rest in the
+    /// outbox, which is swept in priority order
+    /// (docs/design/priorities.md#the-broker-window). Advisory: two
+    /// publishers may both fill the same room.
+    fn room(&self) -> impl Future<Output = Result<Option<u32>, Error>> + Send {
+        std::future::ready(Ok(None))
+    }
 }
 
 /// A queue that hands out consumers.

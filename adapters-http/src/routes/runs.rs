@@ -72,7 +72,8 @@ pub(crate) async fn start(State(state): State<ApiState>, headers: HeaderMap, raw
     let backend = state.backend();
     let published = backend.find(&request.workflow, request.version).await?;
     backend.check_types(&published.definition).await?;
-    let (status, run) = match backend.start(published.id, request.input, key).await? {
+    let priority = request.priority.unwrap_or_default();
+    let (status, run) = match backend.start(published.id, request.input, priority, key).await? {
         KeyedStart::Started(run) => (StatusCode::CREATED, run),
         KeyedStart::Replayed(run) => (StatusCode::OK, run),
         KeyedStart::Reused(run) => {

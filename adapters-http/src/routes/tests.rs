@@ -11,7 +11,7 @@ use axum::http::{Request, StatusCode};
 use flowforge_app::attempts::Attempt;
 use flowforge_app::tokens::Verdict;
 use flowforge_app::{Error, Retry, RunReport};
-use flowforge_domain::WorkflowDefinition;
+use flowforge_domain::{Priority, WorkflowDefinition};
 use flowforge_ports::store::{
     CancelOutcome, DefinitionSummary, EventView, Gauges, IdempotencyKey, KeyedStart, Published, RunQuery,
 };
@@ -44,7 +44,7 @@ impl Backend for Stub {
     fn check_types<'a>(&'a self, _: &'a WorkflowDefinition) -> Fut<'a, ()> {
         missing()
     }
-    fn start(&self, _: WorkflowId, _: Value, _: Option<IdempotencyKey>) -> Fut<'_, KeyedStart> {
+    fn start(&self, _: WorkflowId, _: Value, _: Priority, _: Option<IdempotencyKey>) -> Fut<'_, KeyedStart> {
         missing()
     }
     fn page<'a>(&'a self, _: &'a RunQuery) -> Fut<'a, Vec<RunSummary>> {

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use flowforge_adapters_inproc::InprocQueue;
+use flowforge_domain::Priority;
 use flowforge_ports::{
     Delivery, Dispatch, DispatchConsumer, DispatchId, DispatchPublisher, DispatchQueue, RunId, TaskRunId,
 };
@@ -16,6 +17,7 @@ fn dispatch(n: i64) -> Dispatch {
         task_type: "noop".into(),
         fencing_token: 0,
         ready_at: None,
+        priority: Priority::DEFAULT,
     }
 }
 
@@ -105,4 +107,66 @@ async fn many_consumers_share_the_work_exactly_once() {
     }
     all.sort_unstable();
     assert_eq!(all, ids);
+}
+
+fn ranked(n: i64, priority: u8, ready_seconds: i64) -> Dispatch {
+    Dispatch {
+        priority: Priority::new(i64::from(priority)).expect("on the scale"),
+        ready_at: chrono::DateTime::from_timestamp(1_800_000_000 + ready_seconds, 0),
+        ..dispatch(n)
+    }
+}
+
+async fn drain(q: &InprocQueue) -> Vec<i64> {
+    let mut c = q.consumer().await.expect("a consumer");
+    let mut order = Vec::new();
+    while !q.is_empty() {
+        let d = c.next().await.expect("a delivery").expect("open");
+        order.push(d.dispatch().dispatch_id.0);
+        d.ack().await.expect("ack");
+    }
+    order
+}
+
+#[tokio::test]
+async fn hands_out_the_highest_priority_first_and_fifo_within_one() {
+    let q = InprocQueue::new();
+    let batch = [
+        ranked(1, 0, 0),
+        ranked(2, 5, 1),
+        ranked(3, 9, 2),
+        ranked(4, 5, 3),
+        ranked(5, 9, 4),
+    ];
+    assert!(q.publish(&batch).await.into_iter().all(|r| r.is_ok()));
+    assert_eq!(drain(&q).await, [3, 5, 2, 4, 1]);
+}
+
+#[tokio::test]
+async fn waiting_work_ages_past_newer_higher_priority_work() {
+    // One level per 10 s: a priority-0 dispatch ready at 0 s outranks
+    // priority-9 work ready after 90 s, and is outranked by any sooner.
+    let q = InprocQueue::with_aging(Duration::from_secs(10));
+    let batch = [ranked(1, 0, 0), ranked(2, 9, 89), ranked(3, 9, 91), ranked(4, 9, 200)];
+    assert!(q.publish(&batch).await.into_iter().all(|r| r.is_ok()));
+    assert_eq!(drain(&q).await, [2, 1, 3, 4]);
+}
+
+#[tokio::test]
+async fn a_redelivery_keeps_its_place_in_the_order() {
+    let q = InprocQueue::new();
+    assert!(
+        q.publish(&[ranked(1, 9, 0), ranked(2, 1, 0)])
+            .await
+            .into_iter()
+            .all(|r| r.is_ok())
+    );
+    let mut c = q.consumer().await.unwrap();
+    let first = c.next().await.unwrap().unwrap();
+    assert_eq!(first.dispatch().dispatch_id.0, 1);
+    drop(first);
+    let again = c.next().await.unwrap().unwrap();
+    assert_eq!((again.dispatch().dispatch_id.0, again.redelivered()), (1, true));
+    again.ack().await.unwrap();
+    assert_eq!(drain(&q).await, [2]);
 }

@@ -17,11 +17,12 @@ pub const INSERT_WORKFLOW: &str = concat!(
 /// `$2` a JSON array of task records.
 pub const INSERT_TASKS: &str = "\
 INSERT INTO task (workflow_id, key, position, task_type, depends_on, config, timeout_seconds, retry,
-                  compensate_for, max_attempts)
+                  compensate_for, max_attempts, priority)
 SELECT $1, x.key, x.position, x.task_type, x.depends_on, x.config, x.timeout_seconds, x.retry,
-       x.compensate_for, x.max_attempts
+       x.compensate_for, x.max_attempts, x.priority
 FROM jsonb_to_recordset($2) AS x(key text, position int4, task_type text, depends_on jsonb, config jsonb,
-                                 timeout_seconds float8, retry jsonb, compensate_for text, max_attempts int4)";
+                                 timeout_seconds float8, retry jsonb, compensate_for text, max_attempts int4,
+                                 priority int2)";
 
 /// load_definition: the workflow row. `$1` id.
 pub const LOAD_WORKFLOW: &str =
@@ -30,7 +31,7 @@ pub const LOAD_WORKFLOW: &str =
 /// load_definition: its task rows in declaration order. `$1` workflow id.
 /// Served by `uniq_task_position`.
 pub const LOAD_TASKS: &str = "\
-SELECT key, position, task_type, depends_on, config, timeout_seconds, retry, compensate_for, max_attempts
+SELECT key, position, task_type, depends_on, config, timeout_seconds, retry, compensate_for, max_attempts, priority
 FROM task WHERE workflow_id = $1 ORDER BY position";
 
 /// list_definitions: every definition, or the versions of `$1`, by name

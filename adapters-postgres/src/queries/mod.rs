@@ -43,7 +43,8 @@ macro_rules! reset_set {
 }
 
 /// The tail of a promotion to ready: closes the `moved` CTE (the rows made
-/// ready: id, run_id, task_key, attempt, fencing_token), then writes each
+/// ready: id, run_id, task_key, attempt, fencing_token, priority), then
+/// writes each
 /// row's `$edge` event from `$from` and its outbox row (task type from
 /// workflow `$3`, looked up per row: see [`LOWER_AND_PROMOTE`] on why
 /// a wide batch's plan is pinned to index probes) in CTEs `event` and
@@ -61,10 +62,10 @@ macro_rules! made_ready {
             now!(),
             ", NULL FROM moved ORDER BY id
 ), dispatched AS (
-    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority)
     SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
             now!(),
-            "
+            ", m.priority
     FROM moved AS m
     CROSS JOIN LATERAL (SELECT task_type FROM task WHERE workflow_id = $3 AND key = m.task_key LIMIT 1) AS t
     ORDER BY m.id

@@ -1,19 +1,31 @@
 //! The outbox sweep's statements.
 
-/// begin_sweep: up to `$1` unpublished rows, oldest first, locked in a CTE
-/// with `FOR UPDATE SKIP LOCKED` so a concurrent sweeper takes others
-/// (`outbox_unpublished_idx`). `$2` run (NULL: every run).
+/// begin_sweep: the first `$1` unpublished rows in dispatch order
+/// (docs/design/priorities.md) that no concurrent sweeper holds. The
+/// candidates are the oldest `$1` unheld rows of each priority (ten range
+/// scans of `outbox_pending_order_idx`, each locking what it reads with
+/// `FOR UPDATE SKIP LOCKED`), merged by order key: ready time minus
+/// priority × `$3` microseconds of aging, then id. A candidate not taken
+/// stays locked until the sweep ends, so a concurrent sweeper takes the
+/// next rows instead: the sweeps still never share one. `$2` runs (NULL:
+/// every run).
 pub const SWEEP: &str = "\
-WITH picked AS (
-    SELECT id FROM outbox
-    WHERE published_at IS NULL AND ($2::uuid[] IS NULL OR run_id = ANY($2))
-    ORDER BY id
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
+WITH candidate AS (
+    SELECT o.id, o.created_at - (p.priority * $3::float8) * interval '1 microsecond' AS rank_at
+    FROM generate_series(0, 9) AS p(priority)
+    CROSS JOIN LATERAL (
+        SELECT id, created_at FROM outbox
+        WHERE published_at IS NULL AND priority = p.priority AND ($2::uuid[] IS NULL OR run_id = ANY($2))
+        ORDER BY created_at, id
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED
+    ) AS o
+), picked AS (
+    SELECT id, rank_at FROM candidate ORDER BY rank_at, id LIMIT $1
 )
-SELECT o.id, o.task_run_id, o.run_id, o.task_key, o.task_type, o.fencing_token, o.created_at
+SELECT o.id, o.task_run_id, o.run_id, o.task_key, o.task_type, o.fencing_token, o.created_at, o.priority
 FROM outbox AS o JOIN picked USING (id)
-ORDER BY o.id";
+ORDER BY picked.rank_at, o.id";
 
 /// mark_published: within the sweep's transaction. `$1` offset, `$2` ids.
 pub const MARK_PUBLISHED: &str = concat!(

@@ -54,9 +54,9 @@ pub const LOWER_AND_PROMOTE: &str = concat!(
         state = CASE WHEN tr.pending_deps - f.n = 0 AND tr.compensate_for IS NULL THEN 'ready' ELSE tr.state END
     FROM found AS f
     WHERE tr.id = f.id AND tr.state = 'pending'
-    RETURNING tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.state
+    RETURNING tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.state, tr.priority
 ), moved AS (
-    SELECT id, run_id, task_key, attempt, fencing_token FROM lowered WHERE state = 'ready'
+    SELECT id, run_id, task_key, attempt, fencing_token, priority FROM lowered WHERE state = 'ready'
 ",
     made_ready!("dependencies_satisfied", "pending"),
     "
@@ -78,7 +78,7 @@ pub const PROMOTE_RETRIES: &str = concat!(
     WHERE run_id = $2 AND state = 'retrying' AND retry_at <= ",
     now!(),
     "
-    RETURNING id, run_id, task_key, attempt, fencing_token
+    RETURNING id, run_id, task_key, attempt, fencing_token, priority
 ",
     made_ready!("retry_ready", "retrying"),
     "
@@ -192,20 +192,21 @@ ORDER BY id";
 /// run, `$3` workflow, `$4` key, `$5` compensated key.
 pub const CREATE_COMPENSATOR: &str = concat!(
     "WITH known AS (
-    SELECT t.key, t.task_type FROM task AS t
+    SELECT t.key, t.task_type, t.priority FROM task AS t
     WHERE t.workflow_id = $3 AND t.key = $4 AND t.compensate_for = $5
 ), created AS (
-    INSERT INTO task_run (run_id, task_key, compensate_for, state, pending_deps, created_at, generation)
+    INSERT INTO task_run (run_id, task_key, compensate_for, state, pending_deps, created_at, generation, priority)
     SELECT $2, k.key, $5, 'ready', 0, ",
     now!(),
-    ", (SELECT generation FROM workflow_run WHERE id = $2) FROM known AS k
+    ", wr.generation, COALESCE(k.priority, wr.priority)
+    FROM known AS k, workflow_run AS wr WHERE wr.id = $2
     ON CONFLICT ON CONSTRAINT uniq_taskrun_run_key DO NOTHING
-    RETURNING id, run_id, task_key, fencing_token
+    RETURNING id, run_id, task_key, fencing_token, priority
 ), dispatched AS (
-    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority)
     SELECT c.id, c.run_id, c.task_key, k.task_type, c.fencing_token, ",
     now!(),
-    "
+    ", c.priority
     FROM created AS c, known AS k
     RETURNING id
 )
@@ -231,7 +232,7 @@ pub const REARM_COMPENSATOR: &str = concat!(
       AND old.id = tr.id AND wr.id = tr.run_id AND tr.generation < wr.generation
       AND tr.state IN ('succeeded', 'failed', 'cancelled')
     RETURNING tr.id, tr.run_id, tr.task_key, old.state AS from_state, tr.state, tr.attempt, tr.fencing_token,
-              wr.workflow_id
+              tr.priority, wr.workflow_id
 ), event AS (
     ",
     event_insert!(),
@@ -239,10 +240,10 @@ pub const REARM_COMPENSATOR: &str = concat!(
     now!(),
     ", NULL FROM moved
 ), dispatched AS (
-    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority)
     SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
     now!(),
-    "
+    ", m.priority
     FROM moved AS m JOIN task AS t ON t.workflow_id = m.workflow_id AND t.key = m.task_key
     RETURNING id
 )

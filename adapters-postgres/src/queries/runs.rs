@@ -5,28 +5,28 @@
 /// dependencies, else pending) and one outbox row per ready task run, in
 /// one statement; each outbox row's task type is looked up per row (see
 /// [`super::LOWER_AND_PROMOTE`] on pinning a wide batch's plan). `$1` offset, `$2` run id, `$3` workflow
-/// id, `$4` input.
+/// id, `$4` input, `$5` the run's priority.
 pub const START_RUN: &str = concat!(
     "WITH run AS (
-    INSERT INTO workflow_run (id, workflow_id, state, input, created_at)
+    INSERT INTO workflow_run (id, workflow_id, state, input, created_at, priority)
     SELECT $2, w.id, 'pending', $4, ",
     now!(),
-    " FROM workflow AS w WHERE w.id = $3
-    RETURNING id, workflow_id, created_at
+    ", $5 FROM workflow AS w WHERE w.id = $3
+    RETURNING id, workflow_id, created_at, priority
 ), created AS (
-    INSERT INTO task_run (run_id, task_key, state, pending_deps, created_at)
+    INSERT INTO task_run (run_id, task_key, state, pending_deps, created_at, priority)
     SELECT run.id, t.key,
            CASE WHEN jsonb_array_length(t.depends_on) = 0 THEN 'ready' ELSE 'pending' END,
-           jsonb_array_length(t.depends_on), run.created_at
+           jsonb_array_length(t.depends_on), run.created_at, COALESCE(t.priority, run.priority)
     FROM run JOIN task AS t ON t.workflow_id = run.workflow_id
     WHERE t.compensate_for IS NULL
     ORDER BY t.position
-    RETURNING id, run_id, task_key, state, fencing_token
+    RETURNING id, run_id, task_key, state, fencing_token, priority
 ), dispatched AS (
-    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority)
     SELECT c.id, c.run_id, c.task_key, t.task_type, c.fencing_token, ",
     now!(),
-    "
+    ", c.priority
     FROM created AS c
     CROSS JOIN LATERAL (SELECT task_type FROM task WHERE workflow_id = $3 AND key = c.task_key LIMIT 1) AS t
     WHERE c.state = 'ready'
@@ -229,7 +229,7 @@ pub const GENERIC_TO_READY: &str = concat!(
     "WITH moved AS (
     UPDATE task_run SET state = 'ready', pending_deps = 0, retry_at = NULL
     WHERE id = $2 AND state = $3
-    RETURNING id, run_id, task_key, attempt, fencing_token
+    RETURNING id, run_id, task_key, attempt, fencing_token, priority
 ), event AS (
     ",
     event_insert!(),
@@ -237,10 +237,10 @@ pub const GENERIC_TO_READY: &str = concat!(
     now!(),
     ", NULL FROM moved
 ), dispatched AS (
-    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority)
     SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
     now!(),
-    "
+    ", m.priority
     FROM moved AS m
     JOIN workflow_run AS wr ON wr.id = m.run_id
     JOIN task AS t ON t.workflow_id = wr.workflow_id AND t.key = m.task_key
@@ -334,7 +334,7 @@ pub const REAP: &str = concat!(
     "
       AND wr.id = tr.run_id AND t.workflow_id = wr.workflow_id AND t.key = tr.task_key
     RETURNING tr.id, tr.run_id, tr.task_key, tr.state, tr.attempt, tr.fencing_token, tr.error, t.task_type,
-              tr.compensate_for, c.lease_owner AS lost_worker,
+              tr.priority, tr.compensate_for, c.lease_owner AS lost_worker,
               wr.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL AS cancel_requested
 ), event AS (
     ",
@@ -347,10 +347,10 @@ pub const REAP: &str = concat!(
     -- reapers must take the counters of the runs they share in one order.
     FROM reaped ORDER BY run_id, id
 ), dispatched AS (
-    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority)
     SELECT id, run_id, task_key, task_type, fencing_token, ",
     now!(),
-    "
+    ", priority
     FROM reaped WHERE state = 'ready' AND NOT cancel_requested
     ORDER BY id
     ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
@@ -454,8 +454,8 @@ FROM workflow_run AS wr, total WHERE wr.id = $1";
 macro_rules! summary_columns {
     () => {
         "wr.id, wr.workflow_id, w.name AS workflow, w.version, wr.state,
-       wr.cancel_requested_at IS NOT NULL AS cancel_requested, wr.generation, wr.created_at, wr.started_at,
-       wr.finished_at"
+       wr.cancel_requested_at IS NOT NULL AS cancel_requested, wr.generation, wr.priority, wr.created_at,
+       wr.started_at, wr.finished_at"
     };
 }
 
@@ -470,8 +470,8 @@ WHERE wr.id = $1"
 
 /// get_run: the task runs in creation order (`uniq_taskrun_run_key`). `$1` run.
 pub const GET_RUN_TASKS: &str = "\
-SELECT id, task_key, compensate_for, state, attempt, generation, fencing_token, cancel_reason, result, error,
-       started_at, finished_at, retry_at, lease_owner, progress, created_at
+SELECT id, task_key, compensate_for, state, attempt, generation, fencing_token, priority, cancel_reason, result,
+       error, started_at, finished_at, retry_at, lease_owner, progress, created_at
 FROM task_run WHERE run_id = $1 ORDER BY id";
 
 /// get_run (`$2` 0, `$3` NULL) and run_events: the run's events numbered
@@ -545,7 +545,7 @@ pub const KEYED_RUN: &str = "SELECT request_hash, run_id FROM run_idempotency WH
 
 /// gauges: each count from the partial index that holds its rows
 /// (`taskrun_active_idx`, `taskrun_lease_expiry_idx`,
-/// `outbox_unpublished_idx`, `workflowrun_active_idx`), so the cost follows
+/// `outbox_pending_order_idx`, `workflowrun_active_idx`), so the cost follows
 /// active work, not history.
 pub const GAUGES: &str = "\
 SELECT (SELECT count(*) FROM task_run WHERE state = 'ready') AS ready,
@@ -595,7 +595,7 @@ pub const RESET_TASKS: &str = concat!(
     "
     FROM planned AS p
     WHERE tr.run_id = $2 AND tr.task_key = p.key AND tr.state = p.from_state AND tr.compensate_for IS NULL
-    RETURNING tr.id, tr.run_id, tr.task_key, p.from_state, tr.state, tr.attempt, tr.fencing_token
+    RETURNING tr.id, tr.run_id, tr.task_key, p.from_state, tr.state, tr.attempt, tr.fencing_token, tr.priority
 ), event AS (
     ",
     event_insert!(),
@@ -603,10 +603,10 @@ pub const RESET_TASKS: &str = concat!(
     now!(),
     ", NULL FROM moved ORDER BY id
 ), dispatched AS (
-    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority)
     SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
     now!(),
-    "
+    ", m.priority
     FROM moved AS m
     CROSS JOIN LATERAL (
         SELECT task_type FROM task

@@ -118,8 +118,8 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
         ],
     );
 
-    let p = plan(&pool, queries::SWEEP, |q| q.bind(100_i64).bind(none())).await;
-    assert_uses("outbox sweep", &p, &[&["outbox_unpublished_idx"]]);
+    let p = plan(&pool, queries::SWEEP, |q| q.bind(100_i64).bind(none()).bind(300e6_f64)).await;
+    assert_uses("outbox sweep", &p, &[&["outbox_pending_order_idx"]]);
 
     let p = plan(&pool, queries::BEGIN_PASS_TAKING_FLAGS, |q| q.bind(live.0).bind(zero)).await;
     assert_uses(
@@ -203,7 +203,7 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
         &[
             &["taskrun_ready_idx", "taskrun_active_idx"],
             &["taskrun_lease_expiry_idx"],
-            &["outbox_unpublished_idx"],
+            &["outbox_pending_order_idx"],
             &["workflowrun_active_idx"],
         ],
     );

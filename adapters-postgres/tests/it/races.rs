@@ -263,11 +263,18 @@ async fn two_outbox_sweepers_take_each_row_exactly_once() {
 
     // Held rows are skipped, not waited for.
     a.start_run(wf, json!({})).await.unwrap();
-    let held = a.begin_sweep(Scope::All, 10).await.unwrap().unwrap();
-    let other = bounded("sweep past a held batch", b.begin_sweep(Scope::All, 10))
+    let held = a
+        .begin_sweep(Scope::All, 10, flowforge_ports::store::DEFAULT_PRIORITY_AGING)
         .await
         .unwrap()
         .unwrap();
+    let other = bounded(
+        "sweep past a held batch",
+        b.begin_sweep(Scope::All, 10, flowforge_ports::store::DEFAULT_PRIORITY_AGING),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     let first: BTreeSet<_> = held.dispatches().iter().map(|d| d.dispatch_id).collect();
     let second: BTreeSet<_> = other.dispatches().iter().map(|d| d.dispatch_id).collect();
     assert_eq!((first.len(), second.len()), (10, 10));
@@ -288,7 +295,11 @@ async fn two_outbox_sweepers_take_each_row_exactly_once() {
                 tokio::spawn(async move {
                     barrier.wait().await;
                     let mut taken = Vec::new();
-                    while let Some(mut sweep) = store.begin_sweep(Scope::All, 7).await.unwrap() {
+                    while let Some(mut sweep) = store
+                        .begin_sweep(Scope::All, 7, flowforge_ports::store::DEFAULT_PRIORITY_AGING)
+                        .await
+                        .unwrap()
+                    {
                         assert!(sweep.dispatches().len() <= 7, "a sweep never takes more than its limit");
                         let ids: Vec<_> = sweep.dispatches().iter().map(|d| d.dispatch_id).collect();
                         sweep.mark_published(&ids).await.unwrap();
@@ -421,7 +432,11 @@ async fn two_schedulers_drive_runs_without_duplicates() {
         let (store, stop) = (w.clone(), stop.clone());
         tokio::spawn(async move {
             while !stop.is_cancelled() {
-                let Some(mut sweep) = store.begin_sweep(Scope::All, 16).await.unwrap() else {
+                let Some(mut sweep) = store
+                    .begin_sweep(Scope::All, 16, flowforge_ports::store::DEFAULT_PRIORITY_AGING)
+                    .await
+                    .unwrap()
+                else {
                     tokio::task::yield_now().await;
                     continue;
                 };

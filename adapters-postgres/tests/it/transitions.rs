@@ -60,7 +60,11 @@ async fn start_run_materialises_forward_tasks_and_dispatches_the_ready_ones() {
         ],
         "compensators are not materialised"
     );
-    let sweep = store.begin_sweep(Scope::Run(run), 10).await.unwrap().unwrap();
+    let sweep = store
+        .begin_sweep(Scope::Run(run), 10, flowforge_ports::store::DEFAULT_PRIORITY_AGING)
+        .await
+        .unwrap()
+        .unwrap();
     let d = &sweep.dispatches()[0];
     assert_eq!(sweep.dispatches().len(), 1);
     assert_eq!(
@@ -476,13 +480,17 @@ async fn a_pass_promotes_cancels_and_compensates_inside_one_transaction() {
     assert_eq!(task(&store, run, "b").await.state, TaskRunState::Pending);
     assert!(
         store
-            .begin_sweep(Scope::Run(run), 10)
+            .begin_sweep(Scope::Run(run), 10, flowforge_ports::store::DEFAULT_PRIORITY_AGING)
             .await
             .unwrap()
             .is_some_and(|s| s.dispatches().len() == 1)
     );
     pass.commit().await.unwrap();
-    let sweep = store.begin_sweep(Scope::Run(run), 10).await.unwrap().unwrap();
+    let sweep = store
+        .begin_sweep(Scope::Run(run), 10, flowforge_ports::store::DEFAULT_PRIORITY_AGING)
+        .await
+        .unwrap()
+        .unwrap();
     let keys: Vec<_> = sweep.dispatches().iter().map(|d| d.task_key.as_str()).collect();
     assert_eq!(keys, ["a", "b", "c"]);
     drop(sweep);

@@ -43,6 +43,7 @@ pub(crate) fn dispatch(n: i64) -> Dispatch {
         task_type: "noop".to_owned(),
         fencing_token: n % 5 + 1,
         ready_at: None,
+        priority: Default::default(),
     }
 }
 

@@ -1,9 +1,14 @@
 //! The outbox sweep's statements.
 
-/// begin_sweep: unpublished rows, oldest first (`outbox_unpublished_idx`).
-pub(crate) const SWEEP: &str = "SELECT id, task_run_id, run_id, task_key, task_type, fencing_token, created_at FROM outbox \
+/// begin_sweep: the first `?3` unpublished rows in dispatch order
+/// (docs/design/priorities.md): ready time minus priority × `?4`
+/// milliseconds of aging, then id. The embedded engine publishes every row
+/// as it is written, so the pending set a sweep sorts is small; its queue
+/// orders them again by the same key.
+pub(crate) const SWEEP: &str = "SELECT id, task_run_id, run_id, task_key, task_type, fencing_token, created_at, \
+             priority FROM outbox \
              WHERE published_at IS NULL AND (?1 IS NULL OR run_id IN (SELECT value FROM json_each(?1))) \
-             AND id NOT IN (SELECT value FROM json_each(?2)) ORDER BY id LIMIT ?3";
+             AND id NOT IN (SELECT value FROM json_each(?2)) ORDER BY created_at - priority * ?4, id LIMIT ?3";
 
 /// sweep commit: the marks, in one call. `?2` the rows.
 pub(crate) const MARK_PUBLISHED: &str = concat!(

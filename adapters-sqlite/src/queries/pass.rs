@@ -96,12 +96,12 @@ macro_rules! batch_events {
 macro_rules! batch_dispatch {
     ($where:expr) => {
         concat!(
-            "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+            "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority) \
              SELECT id, run_id, task_key, ",
             task_type_of!("task_run"),
             ", fencing_token, ",
             now!(),
-            " FROM task_run WHERE ",
+            ", priority FROM task_run WHERE ",
             $where,
             " ORDER BY id"
         )
@@ -265,17 +265,18 @@ pub(crate) const CANCEL_WAITING_CALL: &str = concat!(
 /// `?3` workflow, `?4` key, `?5` the task it undoes.
 pub(crate) const CREATE_COMPENSATOR: &str = concat!(
     "SELECT 5 AS tag, compensate_for FROM task WHERE workflow_id = ?3 AND key = ?4; \
-     INSERT INTO task_run (run_id, task_key, compensate_for, state, pending_deps, created_at, generation) \
+     INSERT INTO task_run (run_id, task_key, compensate_for, state, pending_deps, created_at, generation, priority) \
      SELECT ?2, ?4, ?5, 'ready', 0, ",
     now!(),
-    ", (SELECT generation FROM workflow_run WHERE id = ?2) WHERE EXISTS (SELECT 1 FROM task WHERE workflow_id = ?3 AND key = ?4 AND compensate_for = ?5) \
+    ", wr.generation, COALESCE(t.priority, wr.priority) FROM workflow_run wr, task t \
+     WHERE wr.id = ?2 AND t.workflow_id = ?3 AND t.key = ?4 AND t.compensate_for = ?5 \
      ON CONFLICT (run_id, task_key) DO NOTHING RETURNING 6 AS tag, id; \
-     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority) \
      SELECT tr.id, tr.run_id, tr.task_key, ",
     task_type_of!("tr"),
     ", tr.fencing_token, ",
     now!(),
-    " FROM task_run tr WHERE tr.run_id = ?2 AND tr.task_key = ?4 AND changes() = 1; ",
+    ", tr.priority FROM task_run tr WHERE tr.run_id = ?2 AND tr.task_key = ?4 AND changes() = 1; ",
     activity!()
 );
 
@@ -309,12 +310,12 @@ pub(crate) const REARM_COMPENSATOR: &str = concat!(
     " WHERE id = (SELECT id FROM ",
     stale_compensator!(),
     ") RETURNING 6 AS tag, id; \
-     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority) \
      SELECT tr.id, tr.run_id, tr.task_key, ",
     task_type_of!("tr"),
     ", tr.fencing_token, ",
     now!(),
-    " FROM task_run tr WHERE tr.run_id = ?2 AND tr.task_key = ?3 AND changes() = 1; ",
+    ", tr.priority FROM task_run tr WHERE tr.run_id = ?2 AND tr.task_key = ?3 AND changes() = 1; ",
     activity!()
 );
 

@@ -4,7 +4,7 @@
 macro_rules! summary_columns {
     () => {
         "r.id, r.workflow_id, w.name, w.version, r.state, r.cancel_requested_at IS NOT NULL AS cancel_requested, \
-         r.generation, r.created_at, r.started_at, r.finished_at"
+         r.generation, r.priority, r.created_at, r.started_at, r.finished_at"
     };
 }
 
@@ -181,12 +181,12 @@ macro_rules! generic_event {
 macro_rules! dispatch_if_changed {
     () => {
         concat!(
-            "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+            "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority) \
              SELECT tr.id, tr.run_id, tr.task_key, ",
             task_type_of!("tr"),
             ", tr.fencing_token, ",
             now!(),
-            " FROM task_run tr WHERE tr.id = ?2 AND changes() = 1"
+            ", tr.priority FROM task_run tr WHERE tr.id = ?2 AND changes() = 1"
         )
     };
 }
@@ -223,28 +223,29 @@ pub(crate) const GENERIC_CANCEL: &str = concat!(
 
 /// start_run: the forward tasks of a definition (immutable once
 /// published, so read outside the write).
-pub(crate) const START_TASKS: &str = "SELECT key, json_array_length(depends_on) FROM task \
+pub(crate) const START_TASKS: &str = "SELECT key, json_array_length(depends_on), priority FROM task \
      WHERE workflow_id = ?1 AND compensate_for IS NULL ORDER BY position";
 
 /// start_run's writes, without the transaction around them: `?2` run, `?3`
-/// workflow, `?4` input, `?5` the task rows; the literals given (a
+/// workflow, `?4` input, `?5` the task rows, `?6` the run's priority; the literals given (a
 /// statement ending in `; `, each literal followed by a comma) go right
 /// after the run row. Returns one row per dispatch written.
 macro_rules! start_writes {
     ($($after_run:tt)*) => {
         concat!(
-            "INSERT INTO workflow_run (id, workflow_id, state, input, created_at) VALUES (?2, ?3, 'pending', ?4, ",
+            "INSERT INTO workflow_run (id, workflow_id, state, input, created_at, priority) \
+             VALUES (?2, ?3, 'pending', ?4, ",
             now!(),
-            "); ",
+            ", ?6); ",
             $($after_run)*
-            "INSERT INTO task_run (run_id, task_key, state, pending_deps, created_at) \
+            "INSERT INTO task_run (run_id, task_key, state, pending_deps, created_at, priority) \
              SELECT ?2, j.value ->> 'k', j.value ->> 's', j.value ->> 'd', ",
             now!(),
-            " FROM json_each(?5) AS j ORDER BY j.key; \
-             INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+            ", j.value ->> 'p' FROM json_each(?5) AS j ORDER BY j.key; \
+             INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority) \
              SELECT tr.id, tr.run_id, tr.task_key, t.task_type, tr.fencing_token, ",
             now!(),
-            " FROM task_run tr JOIN task t ON t.workflow_id = ?3 AND t.key = tr.task_key \
+            ", tr.priority FROM task_run tr JOIN task t ON t.workflow_id = ?3 AND t.key = tr.task_key \
              WHERE tr.run_id = ?2 AND tr.state IN ('pending', 'ready', 'running', 'retrying') AND tr.state = 'ready' \
              ORDER BY tr.id RETURNING task_run_id; "
         )
@@ -252,17 +253,17 @@ macro_rules! start_writes {
 }
 
 /// start_run in one call: `?2` run, `?3` workflow, `?4` input, `?5` the
-/// task rows; returns one row per dispatch written.
+/// task rows, `?6` the run's priority; returns one row per dispatch written.
 pub(crate) const START_RUN: &str = concat!("BEGIN IMMEDIATE; ", start_writes!(), "COMMIT");
 
-/// start_run_keyed in one call: start_run's, with the key `?6` and request
-/// hash `?7` recorded beside the run. A key already recorded breaks
+/// start_run_keyed in one call: start_run's, with the key `?7` and request
+/// hash `?8` recorded beside the run. A key already recorded breaks
 /// `run_idempotency`'s primary key, which fails the call and rolls the run
 /// back.
 pub(crate) const START_RUN_KEYED: &str = concat!(
     "BEGIN IMMEDIATE; ",
     start_writes!(
-        "INSERT INTO run_idempotency (key, request_hash, run_id, created_at) VALUES (?6, ?7, ?2, ",
+        "INSERT INTO run_idempotency (key, request_hash, run_id, created_at) VALUES (?7, ?8, ?2, ",
         now!(),
         "); ",
     ),
@@ -356,10 +357,10 @@ pub(crate) const REAP: &str = concat!(
      UNION ALL SELECT 'r', 1, 'reap_lease', 'running', 'ready', 1, 'lease expired' \
      UNION ALL SELECT 'f', 1, 'reap_lease_final', 'running', 'failed', 0, ?3) AS e ON e.k = m.k \
      ORDER BY m.pos, e.seq; \
-     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority) \
      SELECT m.id, m.run_id, m.task_key, m.task_type, m.fencing_token + 1, ",
     now!(),
-    " FROM (SELECT tr.id, tr.run_id, tr.task_key, tr.fencing_token, ",
+    ", m.priority FROM (SELECT tr.id, tr.run_id, tr.task_key, tr.fencing_token, tr.priority, ",
     task_type_of!("tr"),
     " AS task_type, ",
     reap_kind!("tr"),
@@ -467,7 +468,7 @@ pub(crate) const GET_RUN: &str = concat!(
     ", w.fingerprint, r.input FROM workflow_run r JOIN workflow w ON w.id = r.workflow_id WHERE r.id = ?1; \
      SELECT 1 AS tag, json_group_array(json_object('id', id, 'task_key', task_key, 'compensate_for', compensate_for, \
      'state', state, 'attempt', attempt, 'generation', generation, 'fencing_token', fencing_token, \
-     'cancel_reason', cancel_reason, \
+     'priority', priority, 'cancel_reason', cancel_reason, \
      'result', result, 'error', error, 'started_at', started_at, 'finished_at', finished_at, 'retry_at', retry_at, \
      'lease_owner', lease_owner, 'progress', progress, 'created_at', created_at)) AS rows \
      FROM task_run WHERE run_id = ?1; \
@@ -571,12 +572,12 @@ pub(crate) const RESET_TASKS: &str = concat!(
     ", NULL FROM ",
     reset_rows!(),
     " ORDER BY tr.id; \
-     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at) \
+     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority) \
      SELECT tr.id, tr.run_id, tr.task_key, ",
     task_type_of!("tr"),
     ", tr.fencing_token, ",
     now!(),
-    " FROM ",
+    ", tr.priority FROM ",
     reset_rows!(),
     " AND tr.state = 'ready' ORDER BY tr.id; \
      SELECT COUNT(*) FROM ",

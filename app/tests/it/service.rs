@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use flowforge_app::{Closed, Error, Service, TaskTypes};
-use flowforge_domain::RunState;
+use flowforge_domain::{Priority, RunState};
 use flowforge_ports::{RunId, WorkerId, WorkerRegistration, WorkerRegistry};
 use serde_json::json;
 
@@ -80,7 +80,7 @@ async fn an_unknown_run_is_not_found_by_every_use_case() {
 async fn close_drives_an_abandoned_run_to_its_end_and_wait_sees_it() {
     let service = Service::new(store().await);
     let published = service.publish(&one_task("noop"), &types(&["noop"])).await.unwrap();
-    let run = service.start(published.id, json!({})).await.unwrap();
+    let run = service.start(published.id, json!({}), Priority::DEFAULT).await.unwrap();
     // Nobody serves the run: close cancels its waiting task itself.
     assert_eq!(
         service.close(run, Duration::from_secs(30)).await.unwrap(),

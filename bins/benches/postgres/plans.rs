@@ -81,9 +81,9 @@ pub(crate) fn explain_hot_queries(db: &BenchDb, run: RunId, pair: WorkflowId) ->
         Hot {
             name: "outbox sweep",
             text: queries::SWEEP,
-            params: "bigint, uuid[]",
-            args: "500, NULL".to_owned(),
-            indexes: &[&["outbox_unpublished_idx"]],
+            params: "bigint, uuid[], float8",
+            args: "500, NULL, 300000000".to_owned(),
+            indexes: &[&["outbox_pending_order_idx"]],
         },
     ];
     // Both kinds of plan: custom (the first five executions of a prepared

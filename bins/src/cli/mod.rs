@@ -106,6 +106,12 @@ pub(crate) struct Global {
     #[arg(long, global = true, env = "FLOWFORGE_MAX_TASK_INPUTS_BYTES", value_name = "BYTES",
           default_value_t = flowforge::limits::DEFAULT_TASK_INPUTS_BYTES)]
     pub(crate) max_task_inputs_bytes: usize,
+    /// How long ready work waits to gain one priority level: a priority-0
+    /// task goes before priority-9 work that became ready more than nine
+    /// times this after it (docs/design/priorities.md#aging).
+    #[arg(long, global = true, env = "FLOWFORGE_PRIORITY_AGING_SECONDS", default_value_t = 300.0,
+          value_name = "SECONDS", value_parser = positive_seconds)]
+    pub(crate) priority_aging_seconds: f64,
     /// Log line format (logs go to stderr; `RUST_LOG` sets the level).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
@@ -115,7 +121,22 @@ pub(crate) struct Global {
     pub(crate) otlp_endpoint: Option<String>,
 }
 
+/// A number of seconds above zero, up to a year.
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 31_536_000.0 => Ok(v),
+        _ => Err(format!(
+            "expected a number of seconds above 0 and at most a year, not '{s}'"
+        )),
+    }
+}
+
 impl Global {
+    /// The priority aging step as a duration.
+    pub(crate) fn priority_aging(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.priority_aging_seconds)
+    }
+
     /// The lease as a duration.
     pub(crate) fn lease(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.lease_seconds)

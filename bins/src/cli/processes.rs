@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowforge::{BuiltinOptions, HTTP_TASK_TYPE, HandlerRegistry, HttpTask, HttpTaskOptions};
-use flowforge_adapters_rabbit::{RabbitConfig, RabbitPublisher, RabbitQueue};
+use flowforge_adapters_rabbit::{DispatchWindow, RabbitConfig, RabbitPublisher, RabbitQueue};
 use flowforge_app::cache::DefinitionCache;
 use flowforge_app::process::run_registered;
 use flowforge_app::publisher::{OutboxPublisher, PublisherConfig};
@@ -91,6 +91,17 @@ pub(crate) struct SchedulerArgs {
 /// Arguments of `flowforge publisher`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct PublisherArgs {
+    /// How many ready messages to keep in the queue: `consumers` (one per
+    /// consumer on it), a number, or `unbounded`. The rest wait in the
+    /// outbox, which is published highest priority first
+    /// (docs/design/priorities.md#the-broker-window).
+    #[arg(
+        long,
+        env = "FLOWFORGE_DISPATCH_WINDOW",
+        default_value = "consumers",
+        value_name = "consumers|N|unbounded"
+    )]
+    pub(crate) dispatch_window: DispatchWindow,
     #[command(flatten)]
     pub(crate) metrics: MetricsArgs,
 }
@@ -157,7 +168,9 @@ pub(crate) async fn scheduler(global: &Global, args: &SchedulerArgs) -> anyhow::
 pub(crate) async fn publisher(global: &Global, args: &PublisherArgs) -> anyhow::Result<Exit> {
     let shutdown = shutdown_on_signal();
     args.metrics.expose(&shutdown).await?;
-    let queue = match RabbitPublisher::new(rabbit(global)) {
+    let mut config = rabbit(global);
+    config.dispatch_window = args.dispatch_window;
+    let queue = match RabbitPublisher::new(config) {
         Ok(q) => q,
         Err(e) => {
             eprintln!("error: {e}");
@@ -165,7 +178,11 @@ pub(crate) async fn publisher(global: &Global, args: &PublisherArgs) -> anyhow::
         }
     };
     with_store!(global, |store| {
-        let publisher = OutboxPublisher::new(store, queue, PublisherConfig::default());
+        let config = PublisherConfig {
+            aging: global.priority_aging(),
+            ..PublisherConfig::default()
+        };
+        let publisher = OutboxPublisher::new(store, queue, config);
         tracing::info!(queue = %global.queue, "outbox publisher started");
         Ok(finished(publisher.run(shutdown).await))
     })

@@ -71,6 +71,7 @@ async fn drive<S: Store>(
         .base_dir(base_dir)
         .lease(global.lease())
         .limits(global.limits())
+        .priority_aging(global.priority_aging())
         .worker_id(WorkerId(format!("{}:{}", host(), std::process::id())))
         .observer(progress.clone());
     if let Some(n) = args.concurrency {

@@ -243,6 +243,7 @@ async fn drive_to_end<S: Store>(store: S, global: &Global, id: RunId, output: Ou
     let engine = Embedded::builder()
         .lease(global.lease())
         .limits(global.limits())
+        .priority_aging(global.priority_aging())
         .worker_id(WorkerId(format!("{}:{}", host(), std::process::id())))
         .build_on(store);
     let mut serving = engine.serve(Scope::Run(id));

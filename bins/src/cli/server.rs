@@ -99,6 +99,7 @@ async fn serve<S: Store>(store: S, global: &Global, args: &Args, embedded: bool)
         let mut builder = Embedded::builder()
             .lease(global.lease())
             .limits(global.limits())
+            .priority_aging(global.priority_aging())
             .worker_id(WorkerId(format!("server:{}:{}", host(), std::process::id())))
             .builtins(Some(BuiltinOptions {
                 allow_command: args.allow_command,

@@ -24,6 +24,10 @@ pub(crate) struct Args {
     /// The run input: inline JSON, or `@path` to read it from a file.
     #[arg(long, value_name = "JSON|@FILE")]
     pub(crate) input: Option<String>,
+    /// Its dispatch priority, 0 (lowest) to 9 (highest); a task whose
+    /// definition names a priority keeps its own.
+    #[arg(long, value_name = "0-9", default_value_t = 5, value_parser = clap::value_parser!(u8).range(0..=9))]
+    pub(crate) priority: u8,
     /// Wait for the run to end and print its report.
     #[arg(long)]
     pub(crate) wait: bool,
@@ -70,7 +74,8 @@ async fn submit<S: Store>(
         Ok(p) => p,
         Err(e) => return Ok(fail(&e)),
     };
-    let run = match service.start(published.id, input).await {
+    let priority = flowforge_domain::Priority::new(i64::from(args.priority))?;
+    let run = match service.start(published.id, input, priority).await {
         Ok(run) => run,
         Err(e) => return Ok(fail(&e)),
     };

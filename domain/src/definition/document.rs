@@ -2,6 +2,7 @@
 //! rule is checked.
 
 use super::RetrySpec;
+use crate::priority::Priority;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -40,6 +41,9 @@ pub struct TaskDocument {
     /// The forward task this one undoes, making it a compensator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compensate_for: Option<String>,
+    /// Its dispatch priority, over the run's (docs/design/priorities.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
 }
 
 /// A definition document as written (after the shape check).

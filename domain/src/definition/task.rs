@@ -4,6 +4,7 @@ use serde_json::{Map, Value};
 
 use super::{DefinitionError, MAX_ATTEMPTS, MAX_BACKOFF, MAX_NESTING, MAX_SECONDS, RetrySpec, TaskDocument};
 use crate::graph::GraphError;
+use crate::priority::Priority;
 
 /// One validated task.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,6 +81,7 @@ impl TaskDefinition {
             timeout_seconds: None,
             retry: None,
             compensate_for: None,
+            priority: None,
         })
     }
 
@@ -110,6 +112,10 @@ impl TaskDefinition {
     /// The forward task it compensates, if it is a compensator.
     pub fn compensate_for(&self) -> Option<&str> {
         self.doc.compensate_for.as_deref()
+    }
+    /// Its own priority, when the definition gives one.
+    pub fn priority(&self) -> Option<Priority> {
+        self.doc.priority
     }
     /// Whether it is a compensator (outside the forward DAG).
     pub fn is_compensator(&self) -> bool {

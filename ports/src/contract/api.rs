@@ -136,7 +136,7 @@ pub async fn keyed_starts_replay_the_first_run<F: StoreFactory>(factory: &F) {
     let (s, _) = fresh(factory).await;
     let p = publish(&s, chain()).await;
     let first = match s
-        .start_run_keyed(p.id, json!({"n": 1}), &key("k1", "h1"))
+        .start_run_keyed(p.id, json!({"n": 1}), Priority::DEFAULT, &key("k1", "h1"))
         .await
         .expect("keyed start")
     {
@@ -144,13 +144,13 @@ pub async fn keyed_starts_replay_the_first_run<F: StoreFactory>(factory: &F) {
         other => panic!("a new key starts a run, got {other:?}"),
     };
     assert_eq!(
-        s.start_run_keyed(p.id, json!({"n": 1}), &key("k1", "h1"))
+        s.start_run_keyed(p.id, json!({"n": 1}), Priority::DEFAULT, &key("k1", "h1"))
             .await
             .expect("keyed start"),
         KeyedStart::Replayed(first)
     );
     assert_eq!(
-        s.start_run_keyed(p.id, json!({"n": 2}), &key("k1", "h2"))
+        s.start_run_keyed(p.id, json!({"n": 2}), Priority::DEFAULT, &key("k1", "h2"))
             .await
             .expect("keyed start"),
         KeyedStart::Reused(first)
@@ -165,15 +165,19 @@ pub async fn keyed_starts_replay_the_first_run<F: StoreFactory>(factory: &F) {
     assert_eq!(detail.tasks.len(), 3, "a keyed run is a run like any other");
 
     let second = s
-        .start_run_keyed(p.id, json!({"n": 1}), &key("k2", "h1"))
+        .start_run_keyed(p.id, json!({"n": 1}), Priority::DEFAULT, &key("k2", "h1"))
         .await
         .expect("keyed start");
     assert!(matches!(second, KeyedStart::Started(run) if run != first));
     // A failed start records no key: the key stays free for a good request.
     let missing = crate::ids::WorkflowId(p.id.0 + 1_000);
-    assert!(s.start_run_keyed(missing, json!({}), &key("k3", "h1")).await.is_err());
+    assert!(
+        s.start_run_keyed(missing, json!({}), Priority::DEFAULT, &key("k3", "h1"))
+            .await
+            .is_err()
+    );
     assert!(matches!(
-        s.start_run_keyed(p.id, json!({}), &key("k3", "h1"))
+        s.start_run_keyed(p.id, json!({}), Priority::DEFAULT, &key("k3", "h1"))
             .await
             .expect("keyed start"),
         KeyedStart::Started(_)
@@ -193,7 +197,8 @@ pub async fn concurrent_keyed_starts_start_one_run<F: StoreFactory>(factory: &F)
         let (s, barrier) = (s.clone(), barrier.clone());
         calls.push(tokio::spawn(async move {
             barrier.wait().await;
-            s.start_run_keyed(p.id, json!({}), &key("once", "h")).await
+            s.start_run_keyed(p.id, json!({}), Priority::DEFAULT, &key("once", "h"))
+                .await
         }));
     }
     let mut started = Vec::new();
@@ -476,7 +481,11 @@ pub async fn gauges_count_active_work_and_the_store_is_ready<F: StoreFactory>(fa
         }
     );
     claim(&s, run, "a", "w", LONG).await;
-    let mut sweep = s.begin_sweep(Scope::All, 1).await.expect("sweep").expect("rows");
+    let mut sweep = s
+        .begin_sweep(Scope::All, 1, DEFAULT_PRIORITY_AGING)
+        .await
+        .expect("sweep")
+        .expect("rows");
     let published: Vec<_> = sweep.dispatches().iter().map(|d| d.dispatch_id).collect();
     sweep.mark_published(&published).await.expect("mark");
     sweep.commit().await.expect("commit");

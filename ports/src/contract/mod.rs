@@ -19,15 +19,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use flowforge_domain::{TaskRunState, WorkflowDefinition, WorkflowDocument};
+use flowforge_domain::{Priority, TaskRunState, WorkflowDefinition, WorkflowDocument};
 use serde_json::{Value, json};
 
 use crate::clock::ManualClock;
 use crate::ids::{RunId, WorkerId};
 use crate::queue::Dispatch;
 use crate::store::{
-    Claim, EventView, FinishResult, Notifier, OutboxSweep, Published, RunPass, Scope, Store, TaskOutcome, TaskRunView,
-    Topic,
+    Claim, DEFAULT_PRIORITY_AGING, EventView, FinishResult, Notifier, OutboxSweep, Published, RunPass, Scope, Store,
+    TaskOutcome, TaskRunView, Topic,
 };
 
 /// Makes fresh stores for the contract cases.
@@ -124,6 +124,9 @@ macro_rules! store_contract_tests {
             a_stale_retry_plan_applies_nothing,
             concurrent_retries_open_one_generation,
             a_later_rollback_reruns_the_compensators_of_its_generation,
+            a_sweep_serves_the_highest_priority_first_and_fifo_within_one,
+            a_task_keeps_its_own_priority_over_its_runs,
+            waiting_work_ages_ahead_of_later_urgent_work,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
@@ -152,6 +155,7 @@ mod model;
 mod outbox;
 mod pass;
 mod polling;
+mod priority;
 mod queries;
 mod reads;
 mod reaper;
@@ -168,6 +172,7 @@ pub use model::*;
 pub use outbox::*;
 pub use pass::*;
 pub use polling::*;
+pub use priority::*;
 pub use queries::*;
 pub use reads::*;
 pub use reaper::*;
@@ -282,7 +287,11 @@ pub(super) fn transitions(events: &[EventView]) -> Vec<&str> {
 /// The unpublished dispatches in scope, read through a sweep that is then
 /// dropped (so they stay unpublished).
 pub(super) async fn unpublished<S: Store>(s: &S, scope: Scope) -> Vec<Dispatch> {
-    match s.begin_sweep(scope, 100_000).await.expect("begin_sweep") {
+    match s
+        .begin_sweep(scope, 100_000, DEFAULT_PRIORITY_AGING)
+        .await
+        .expect("begin_sweep")
+    {
         Some(sweep) => sweep.dispatches().to_vec(),
         None => Vec::new(),
     }

@@ -15,12 +15,21 @@ use super::*;
 /// scope; committed marks publish them, an uncommitted sweep leaves them.
 pub async fn outbox_sweeps_oldest_first_within_limit_and_scope<F: StoreFactory>(factory: &F) {
     let (s, _) = fresh(factory).await;
-    assert!(s.begin_sweep(Scope::All, 10).await.expect("sweep").is_none());
+    assert!(
+        s.begin_sweep(Scope::All, 10, DEFAULT_PRIORITY_AGING)
+            .await
+            .expect("sweep")
+            .is_none()
+    );
     let p = publish(&s, diamond()).await;
     let first = s.start_run(p.id, json!({})).await.expect("start");
     let second = s.start_run(p.id, json!({})).await.expect("start");
 
-    let sweep = s.begin_sweep(Scope::All, 3).await.expect("sweep").expect("rows");
+    let sweep = s
+        .begin_sweep(Scope::All, 3, DEFAULT_PRIORITY_AGING)
+        .await
+        .expect("sweep")
+        .expect("rows");
     let held: Vec<Dispatch> = sweep.dispatches().to_vec();
     assert_eq!(held.len(), 3, "the limit bounds a sweep");
     assert!(
@@ -43,13 +52,21 @@ pub async fn outbox_sweeps_oldest_first_within_limit_and_scope<F: StoreFactory>(
     );
 
     // Uncommitted marks are lost.
-    let mut sweep = s.begin_sweep(Scope::All, 10).await.expect("sweep").expect("rows");
+    let mut sweep = s
+        .begin_sweep(Scope::All, 10, DEFAULT_PRIORITY_AGING)
+        .await
+        .expect("sweep")
+        .expect("rows");
     let ids: Vec<_> = sweep.dispatches().iter().map(|d| d.dispatch_id).collect();
     sweep.mark_published(&ids).await.expect("mark");
     drop(sweep);
     assert_eq!(unpublished(&s, Scope::All).await.len(), 4, "still unpublished");
 
-    let mut sweep = s.begin_sweep(Scope::All, 2).await.expect("sweep").expect("rows");
+    let mut sweep = s
+        .begin_sweep(Scope::All, 2, DEFAULT_PRIORITY_AGING)
+        .await
+        .expect("sweep")
+        .expect("rows");
     let ids: Vec<_> = sweep.dispatches().iter().map(|d| d.dispatch_id).collect();
     sweep.mark_published(&ids).await.expect("mark");
     sweep.commit().await.expect("commit");
@@ -61,7 +78,11 @@ pub async fn outbox_sweeps_oldest_first_within_limit_and_scope<F: StoreFactory>(
     );
 
     // Only the marked rows are published.
-    let mut sweep = s.begin_sweep(Scope::All, 10).await.expect("sweep").expect("rows");
+    let mut sweep = s
+        .begin_sweep(Scope::All, 10, DEFAULT_PRIORITY_AGING)
+        .await
+        .expect("sweep")
+        .expect("rows");
     let one = sweep.dispatches()[0].dispatch_id;
     sweep.mark_published(&[one]).await.expect("mark");
     sweep.commit().await.expect("commit");
@@ -86,7 +107,10 @@ pub async fn concurrent_sweeps_never_share_a_row<F: StoreFactory>(factory: &F) {
             let (s, opened, compared) = (s.clone(), opened.clone(), compared.clone());
             tokio::spawn(async move {
                 opened.wait().await;
-                let sweep = s.begin_sweep(Scope::All, 3).await.expect("sweep");
+                let sweep = s
+                    .begin_sweep(Scope::All, 3, DEFAULT_PRIORITY_AGING)
+                    .await
+                    .expect("sweep");
                 let ids: Vec<_> = sweep
                     .as_ref()
                     .map(|sw| sw.dispatches().iter().map(|d| d.dispatch_id).collect())

@@ -29,11 +29,16 @@ use std::time::Duration;
 
 use flowforge_domain::derive::TaskTally;
 use flowforge_domain::retry::Reset;
-use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, WorkflowDefinition};
+use flowforge_domain::{CancelReason, Priority, RunState, RunTransition, TaskRunState, WorkflowDefinition};
 use serde_json::Value;
 
 use crate::ids::{DispatchId, RunId, TaskRunId, WorkerId, WorkflowId};
 use crate::queue::Dispatch;
+
+/// How long ready work waits to gain one priority level, by default
+/// (docs/design/priorities.md#aging).
+pub const DEFAULT_PRIORITY_AGING: Duration =
+    Duration::from_micros(flowforge_domain::priority::DEFAULT_AGING_MICROS.unsigned_abs());
 
 /// What a loop waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +116,19 @@ pub trait RunStore: Send + Sync + 'static {
     /// Contract: an input holding U+0000 MUST be refused with
     /// [`Error::Refused`] naming where, before anything is written (sizes
     /// are the caller's policy, checked before this call).
-    fn start_run(&self, workflow: WorkflowId, input: Value) -> impl Future<Output = Result<RunId, Error>> + Send;
+    fn start_run(&self, workflow: WorkflowId, input: Value) -> impl Future<Output = Result<RunId, Error>> + Send {
+        self.start_run_with_priority(workflow, input, Priority::DEFAULT)
+    }
+
+    /// Starts a run as [`RunStore::start_run`] does, at `priority`: each
+    /// task run takes its task's priority when the definition gives one,
+    /// else this, and its dispatches carry it (docs/design/priorities.md).
+    fn start_run_with_priority(
+        &self,
+        workflow: WorkflowId,
+        input: Value,
+        priority: Priority,
+    ) -> impl Future<Output = Result<RunId, Error>> + Send;
 
     /// Requests cancellation (docs/design/cancellation.md#cancel-requests):
     /// records the request and wakes the scheduler, which cancels what it can.
@@ -303,6 +320,7 @@ pub trait RunStore: Send + Sync + 'static {
         &self,
         workflow: WorkflowId,
         input: Value,
+        priority: Priority,
         key: &IdempotencyKey,
     ) -> impl Future<Output = Result<KeyedStart, Error>> + Send;
 
@@ -430,15 +448,26 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// A sweep transaction.
     type Sweep: OutboxSweep;
 
-    /// Opens a transaction holding up to `limit` unpublished rows, oldest
-    /// first, locked so a concurrent sweeper skips them (`FOR UPDATE SKIP
-    /// LOCKED` in a CTE on PostgreSQL). `Ok(None)` when there are none.
-    fn begin_sweep(&self, scope: Scope, limit: u32) -> impl Future<Output = Result<Option<Self::Sweep>, Error>> + Send;
+    /// Opens a transaction holding up to `limit` unpublished rows, locked so
+    /// a concurrent sweeper skips them (`FOR UPDATE SKIP LOCKED` on
+    /// PostgreSQL). `Ok(None)` when there are none.
+    ///
+    /// Contract: the rows are the first `limit` in dispatch order — by
+    /// [`order_key`](flowforge_domain::priority::order_key) of their
+    /// creation and priority with one level gained per `aging` of waiting,
+    /// then by id — and come in that order
+    /// (docs/design/priorities.md).
+    fn begin_sweep(
+        &self,
+        scope: Scope,
+        limit: u32,
+        aging: Duration,
+    ) -> impl Future<Output = Result<Option<Self::Sweep>, Error>> + Send;
 }
 
 /// One outbox sweep. Dropping it without commit leaves every row unpublished.
 pub trait OutboxSweep: Send + 'static {
-    /// The rows held, oldest first.
+    /// The rows held, in dispatch order.
     fn dispatches(&self) -> &[Dispatch];
 
     /// Marks these rows published (within the transaction).

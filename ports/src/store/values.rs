@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flowforge_domain::limits::{self, Refusal, ValueKind};
-use flowforge_domain::{CancelReason, RunState, TaskRunState, TaskTransition, WorkflowDefinition};
+use flowforge_domain::{CancelReason, Priority, RunState, TaskRunState, TaskTransition, WorkflowDefinition};
 use serde_json::{Map, Value};
 
 use crate::ids::{RunId, TaskRunId, WorkerId, WorkflowId};
@@ -305,6 +305,8 @@ pub struct RunSummary {
     pub cancel_requested: bool,
     /// 1, plus one per operator retry (docs/design/retry.md).
     pub generation: u32,
+    /// The priority it was started at (docs/design/priorities.md).
+    pub priority: Priority,
     /// Created.
     pub created_at: DateTime<Utc>,
     /// Moved to running.
@@ -330,6 +332,8 @@ pub struct TaskRunView {
     pub generation: u32,
     /// Current fencing token.
     pub token: i64,
+    /// Its dispatch priority (docs/design/priorities.md).
+    pub priority: Priority,
     /// Why it was cancelled.
     pub cancel_reason: Option<CancelReason>,
     /// Output, once succeeded.

@@ -22,6 +22,7 @@ mod failures;
 mod mixed;
 mod outbox;
 mod postgres;
+mod priorities;
 mod sdk;
 mod stalls;
 mod topology;
@@ -32,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flowforge_adapters_postgres::{PgOptions, PgStore};
-use flowforge_adapters_rabbit::{RabbitConfig, RabbitPublisher, RabbitQueue};
+use flowforge_adapters_rabbit::{DispatchWindow, RabbitConfig, RabbitPublisher, RabbitQueue};
 use flowforge_app::publisher::{OutboxPublisher, PublisherConfig};
 use flowforge_domain::WorkflowDefinition;
 use flowforge_ports::{Dispatch, DispatchId, RunDetail, RunId, RunStore, SystemClock, TaskRunId, TaskRunView};
@@ -166,7 +167,10 @@ impl Broker {
         }
     }
 
-    /// The adapter's configuration for these names, with short timeouts.
+    /// The adapter's configuration for these names, with short timeouts and
+    /// no dispatch window: these tests check what the outbox publishes, so
+    /// every swept row goes out (the window has its own tests, in
+    /// `priorities`).
     pub(crate) fn config(&self) -> RabbitConfig {
         self.config_for(&self.url)
     }
@@ -181,6 +185,7 @@ impl Broker {
         config.confirm_timeout = Duration::from_secs(10);
         config.connect_timeout = Duration::from_secs(5);
         config.connection_name = "flowforge-it".to_owned();
+        config.dispatch_window = DispatchWindow::Unbounded;
         config
     }
 
@@ -377,6 +382,7 @@ pub(crate) async fn outbox(store: &PgStore) -> Vec<OutboxRow> {
                     task_type,
                     fencing_token: token,
                     ready_at: Some(created),
+                    priority: flowforge_domain::Priority::DEFAULT,
                 },
                 published,
             },

@@ -88,7 +88,8 @@ async fn a_confirmed_publish_is_on_the_bound_queue_with_the_exact_payload() {
         SweepReport {
             published: 3,
             failed: 0,
-            more: false
+            more: false,
+            held_back: false,
         }
     );
     assert!(
@@ -229,7 +230,7 @@ async fn rows_a_crashed_publisher_never_published_are_delivered_by_a_fresh_one()
     {
         let doomed = db.store().await;
         let sweep = doomed
-            .begin_sweep(Scope::All, 100)
+            .begin_sweep(Scope::All, 100, flowforge_ports::store::DEFAULT_PRIORITY_AGING)
             .await
             .expect("a sweep")
             .expect("rows to sweep");

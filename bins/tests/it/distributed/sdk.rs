@@ -9,7 +9,7 @@ use flowforge::{
     Embedded, HTTP_TASK_TYPE, HandlerError, HttpTask, HttpTaskOptions, RunState, Service, TaskContext, TaskTypes,
     Worker, WorkerId,
 };
-use flowforge_domain::TaskRunState;
+use flowforge_domain::{Priority, TaskRunState};
 use flowforge_ports::WorkerRegistry as _;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -105,7 +105,7 @@ async fn one_set_of_handlers_runs_embedded_and_distributed() {
         .await
         .expect("publish: the worker's types are live");
     let run = service
-        .start(published.id, json!({"name": "Ada"}))
+        .start(published.id, json!({"name": "Ada"}), Priority::DEFAULT)
         .await
         .expect("start");
     let progress = eventually("the waiting task's progress", || async {

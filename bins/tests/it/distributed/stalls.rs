@@ -382,7 +382,10 @@ async fn a_scheduler_stalled_mid_pass_loses_its_run_to_another_after_the_idle_bo
     // A resumes: its pass is gone; its store carries on.
     assert!(pass.commit().await.is_err(), "A's session was ended");
     let begun = eventually("A's store to answer again", || async {
-        stalled.begin_sweep(Scope::All, 10).await.ok()
+        stalled
+            .begin_sweep(Scope::All, 10, flowforge_ports::store::DEFAULT_PRIORITY_AGING)
+            .await
+            .ok()
     })
     .await;
     assert!(begun.is_some(), "`second`'s dispatch is waiting to be published");

@@ -12,6 +12,7 @@ mod compensation;
 mod hooks;
 mod leases;
 mod outputs;
+mod priorities;
 mod readiness;
 mod redelivery;
 mod retries;

@@ -68,6 +68,7 @@ async fn a_task_is_claimed_only_after_all_its_dependencies_succeeded() {
         task_type: "step".into(),
         fencing_token: join.token,
         ready_at: None,
+        priority: flowforge_domain::Priority::DEFAULT,
     };
     assert!(
         s.queue()
