@@ -67,8 +67,13 @@ fn start_server(db: &str) -> ServerProc {
     let deadline = Instant::now() + Duration::from_secs(60);
     let base = loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if let Some(rest) = text.split("listening on ").nth(1) {
-            break rest.lines().next().unwrap_or_default().trim().to_owned();
+        // Only a whole line: read mid-write, the address would be cut short.
+        if let Some((line, _)) = text
+            .split("listening on ")
+            .nth(1)
+            .and_then(|rest| rest.split_once('\n'))
+        {
+            break line.trim().to_owned();
         }
         assert!(Instant::now() < deadline, "the server did not start:\n{text}");
         std::thread::sleep(Duration::from_millis(50));

@@ -57,6 +57,7 @@ fn payload(d: &Dispatch) -> Value {
         "task_type": d.task_type,
         "fencing_token": d.fencing_token,
         "ready_at": serde_json::to_value(d.ready_at).expect("a time"),
+        "priority": d.priority.get(),
     })
 }
 

@@ -146,8 +146,14 @@ impl Api {
         let deadline = Instant::now() + PATIENCE;
         loop {
             let log = std::fs::read_to_string(&self.stderr).unwrap_or_default();
-            if let Some(rest) = log.split("flowforge server listening on ").nth(1) {
-                return rest.lines().next().unwrap_or_default().trim().to_owned();
+            // The address counts once its line is whole: read mid-write,
+            // "http://127.0.0." would be taken for the address.
+            if let Some((line, _)) = log
+                .split("flowforge server listening on ")
+                .nth(1)
+                .and_then(|rest| rest.split_once('\n'))
+            {
+                return line.trim().to_owned();
             }
             if let Some(status) = self.server.try_wait().expect("try_wait") {
                 panic!("the server exited ({status}) before listening:\n{log}");
