@@ -1,25 +1,28 @@
 //! Dispatch priorities in the distributed mode
 //! (docs/design/priorities.md#the-broker-window): the `flowforge
 //! publisher` keeps one ready message per consumer in the quorum queue and
-//! leaves the rest in the outbox, swept highest priority first, so a single
-//! worker slot is served in priority order.
+//! leaves the rest in the outbox, swept highest priority first, so work
+//! that arrives behind a busy slot is served in priority order, not in the
+//! order it came.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use flowforge::{HandlerError, Service, TaskContext, TaskTypes, Worker, WorkerId};
-use flowforge_domain::Priority;
+use flowforge_domain::{Priority, TaskRunState};
 use serde_json::{Value, json};
+use tokio::sync::Notify;
 
 use super::cluster::Cluster;
-use super::{definition, eventually, within};
+use super::{definition, detail, eventually, task, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_slot_is_served_highest_priority_first_through_the_broker_window() {
+async fn work_queued_behind_a_busy_slot_is_served_by_priority_through_the_broker_window() {
     let Some(mut cluster) = Cluster::migrated("priorities").await else {
         return;
     };
     let served = Arc::new(Mutex::new(Vec::<u64>::new()));
-    let record = Arc::clone(&served);
+    let release = Arc::new(Notify::new());
+    let (record, held) = (Arc::clone(&served), Arc::clone(&release));
     let worker = Worker::builder()
         .database(cluster.db.url.clone())
         .broker(cluster.broker.url.clone())
@@ -27,11 +30,14 @@ async fn one_slot_is_served_highest_priority_first_through_the_broker_window() {
         .concurrency(1)
         .worker_id(WorkerId("priority-worker".to_owned()))
         .handler_fn("prio.job", move |ctx: TaskContext| {
-            let record = Arc::clone(&record);
+            let (record, held) = (Arc::clone(&record), Arc::clone(&held));
             async move {
                 let n = ctx.run_input["n"]
                     .as_u64()
                     .ok_or_else(|| HandlerError::permanent("no n"))?;
+                if ctx.run_input["hold"] == json!(true) {
+                    held.notified().await;
+                }
                 record.lock().unwrap_or_else(PoisonError::into_inner).push(n);
                 Ok::<Value, HandlerError>(json!({}))
             }
@@ -46,31 +52,50 @@ async fn one_slot_is_served_highest_priority_first_through_the_broker_window() {
 
     let store = cluster.db.store().await;
     super::served(&store, "prio.job").await;
-    let service = Service::new(store);
+    cluster.spawn("publisher", ["publisher"]);
+    cluster.spawn("scheduler", ["scheduler"]);
+    let service = Service::new(store.clone());
     let def = definition(&json!({"name": "prio", "version": 1, "tasks": [{"key": "t", "task_type": "prio.job"}]}));
     let published = service
         .publish(&def, &TaskTypes::LiveWorkers)
         .await
         .expect("publish: the worker's type is live");
-    // Every run waits in the outbox before the publisher starts, as a
-    // backlog does behind a busy slot.
-    let priorities = [0u8, 3, 9, 5, 9, 1, 5];
-    for (n, p) in priorities.iter().enumerate() {
-        let priority = Priority::new(i64::from(*p)).expect("on the scale");
-        service
-            .start(published.id, json!({"n": n}), priority)
-            .await
-            .expect("start");
+    let start = |n: u64, p: u8, hold: bool| {
+        let service = &service;
+        async move {
+            let priority = Priority::new(i64::from(p)).expect("on the scale");
+            service
+                .start(published.id, json!({"n": n, "hold": hold}), priority)
+                .await
+                .expect("start")
+        }
+    };
+
+    // Run 0 holds the only slot; run 1 fills the window (one ready message
+    // for the one consumer).
+    let blocker = start(0, 5, true).await;
+    eventually("the blocker running", || async {
+        (task(&detail(&store, blocker).await, "t").state == TaskRunState::Running).then_some(())
+    })
+    .await;
+    start(1, 0, false).await;
+    eventually("run 1 in the window", || async {
+        (cluster.broker.ready().await == Some(1)).then_some(())
+    })
+    .await;
+    // Everything after it waits in the outbox: published as it came, a
+    // quorum queue would serve it first come, first served.
+    for (n, p) in [(2, 3), (3, 9), (4, 5), (5, 9), (6, 1), (7, 5)] {
+        start(n, p, false).await;
     }
-    cluster.spawn("publisher", ["publisher"]);
-    cluster.spawn("scheduler", ["scheduler"]);
+    release.notify_one();
 
     let order = eventually("every run served", || async {
         let order = served.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        (order.len() == priorities.len()).then_some(order)
+        (order.len() == 8).then_some(order)
     })
     .await;
-    assert_eq!(order, [2, 4, 3, 6, 1, 5, 0], "{}", cluster.logs());
+    assert_eq!(order, [0, 1, 3, 5, 4, 7, 2, 6], "{}", cluster.logs());
 
     stop.send(()).expect("the worker listens");
     within("the worker's drain", serving)
