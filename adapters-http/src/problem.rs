@@ -133,6 +133,12 @@ impl From<Error> for Problem {
             } => Self::new(StatusCode::CONFLICT, "run_compensated", e.to_string()),
             Error::RetryRefused { .. } => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "retry_refused", e.to_string()),
             Error::RetryLost(_) => Self::new(StatusCode::CONFLICT, "retry_conflict", e.to_string()),
+            Error::RetryLimited(_) => Self::new(StatusCode::CONFLICT, "run_not_retryable", e.to_string()),
+            Error::ConcurrencyKeyUnresolved(_) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "concurrency_key_unresolved",
+                e.to_string(),
+            ),
             Error::TimeoutTooLong(_) => {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_definition", e.to_string())
             }

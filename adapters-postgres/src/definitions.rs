@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use flowforge_domain::concurrency::stored_limits;
 use flowforge_domain::{Defaults, Priority, RetrySpec, TaskDocument, WorkflowDefinition, WorkflowDocument};
 use flowforge_ports::store::DefinitionSummary;
 use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, WorkflowId, store};
@@ -87,6 +88,7 @@ fn rebuild(row: &WorkflowRow, tasks: Vec<TaskRow>) -> Result<WorkflowDefinition,
                 .map_err(|e| invalid(row, format!("the stored defaults are not valid: {e}")))?,
         ),
     };
+    let (concurrency, mut task_limits) = stored_limits(&row.definition).map_err(|e| invalid(row, e))?;
     let mut documents = Vec::with_capacity(tasks.len());
     let mut limits = Vec::with_capacity(tasks.len());
     for (index, t) in tasks.into_iter().enumerate() {
@@ -118,6 +120,7 @@ fn rebuild(row: &WorkflowRow, tasks: Vec<TaskRow>) -> Result<WorkflowDefinition,
             .map_err(|e| invalid(row, format!("task '{}': {e}", t.key)))?;
         limits.push((t.key.clone(), i64::from(t.max_attempts)));
         documents.push(TaskDocument {
+            concurrency: task_limits.remove(&t.key),
             key: t.key,
             task_type: t.task_type,
             depends_on,
@@ -133,6 +136,7 @@ fn rebuild(row: &WorkflowRow, tasks: Vec<TaskRow>) -> Result<WorkflowDefinition,
         version,
         description: (!row.description.is_empty()).then(|| row.description.clone()),
         defaults,
+        concurrency,
         tasks: documents,
     };
     WorkflowDefinition::from_stored(doc, &limits, &row.fingerprint).map_err(|e| invalid(row, e.to_string()))

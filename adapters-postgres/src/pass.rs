@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use flowforge_domain::derive::TaskTally;
 use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, run_machine};
+use flowforge_ports::store::{GateCheck, Wait};
 use flowforge_ports::{Activity, LockedRun, PassTask, RunId, RunPass, Topic, WorkflowId, store};
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::error::store_error;
 use crate::queries;
-use crate::rows::{FlaggedRow, parse_name};
+use crate::rows::{FlaggedRow, WaitRow, parse_name};
 use crate::store::PgStore;
 
 /// The scheduler transaction of one run. Dropping it rolls back.
@@ -27,6 +28,9 @@ pub struct PgRunPass {
     dispatched: bool,
     /// The run reached a terminal state: wake its waiters after commit.
     settled: bool,
+    /// Slots were let go, or another run's cancel requested: wake the
+    /// schedulers after commit.
+    released: bool,
     /// The activity read by the last statement, while no write since can
     /// have changed it (`promote_due_retries` reads it for `activity`).
     activity: Option<Activity>,
@@ -58,6 +62,8 @@ struct LockedRow {
     workflow_id: i64,
     run_state: String,
     cancel_requested: bool,
+    gated: bool,
+    limit_cancelled: bool,
     age_seconds: f64,
     #[sqlx(flatten, try_from = "MaybeFlagged")]
     flagged: Option<FlaggedRow>,
@@ -115,6 +121,8 @@ impl PgRunPass {
             workflow_id: WorkflowId(locked.workflow_id),
             state: parse_name::<RunState>(&locked.run_state, "workflow_run.state")?,
             cancel_requested: locked.cancel_requested,
+            gated: locked.gated,
+            limit_cancelled: locked.limit_cancelled,
             age: Duration::try_from_secs_f64(locked.age_seconds).unwrap_or_default(),
         };
         let flagged = rows
@@ -128,6 +136,7 @@ impl PgRunPass {
             run,
             dispatched: false,
             settled: false,
+            released: false,
             activity: None,
             flagged: Some(flagged),
         }))
@@ -362,6 +371,117 @@ impl RunPass for PgRunPass {
         Ok(moved)
     }
 
+    async fn waits(&mut self) -> Result<Vec<Wait>, store::Error> {
+        let rows: Vec<WaitRow> = sqlx::query_as(queries::WAITS)
+            .bind(self.run.id.0)
+            .fetch_all(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        rows.into_iter().map(WaitRow::into_wait).collect()
+    }
+
+    async fn pass_gates(&mut self, task: Option<&str>) -> Result<GateCheck, store::Error> {
+        let run = self.run.id.0;
+        let offset = self.store.offset();
+        let pools: Vec<(String, i32)> = sqlx::query_as(queries::HOLDER_WAITS)
+            .bind(run)
+            .bind(task)
+            .fetch_all(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        for (scope, max) in &pools {
+            // Each miss means a concurrent holder committed a slot of this
+            // pool meanwhile, so the loop ends within `max` misses.
+            let mut taken = false;
+            for _ in 0..=*max {
+                let slot: Option<i32> = sqlx::query_scalar(queries::TAKE_SLOT)
+                    .bind(offset)
+                    .bind(scope)
+                    .bind(max)
+                    .bind(run)
+                    .bind(task)
+                    .fetch_optional(self.conn()?)
+                    .await
+                    .map_err(store_error)?;
+                if slot.is_some() {
+                    taken = true;
+                    break;
+                }
+                let room: bool = sqlx::query_scalar(queries::POOL_HAS_ROOM)
+                    .bind(scope)
+                    .bind(i64::from(*max))
+                    .fetch_one(self.conn()?)
+                    .await
+                    .map_err(store_error)?;
+                if !room {
+                    break;
+                }
+            }
+            if !taken {
+                sqlx::query(queries::UNTAKE_SLOTS)
+                    .bind(run)
+                    .bind(task)
+                    .execute(self.conn()?)
+                    .await
+                    .map_err(store_error)?;
+                return Ok(GateCheck::Full(scope.clone()));
+            }
+        }
+        sqlx::query(queries::DROP_WAITS)
+            .bind(run)
+            .bind(task)
+            .execute(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        Ok(GateCheck::Passed)
+    }
+
+    async fn mark_gates_tried(&mut self) -> Result<(), store::Error> {
+        sqlx::query(queries::MARK_GATES_TRIED)
+            .bind(self.run.id.0)
+            .execute(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    async fn cancel_oldest_holder(&mut self, scope: &str) -> Result<Option<RunId>, store::Error> {
+        let offset = self.store.offset();
+        let run: Option<Uuid> = sqlx::query_scalar(queries::CANCEL_OLDEST_HOLDER)
+            .bind(offset)
+            .bind(self.run.id.0)
+            .bind(scope)
+            .fetch_optional(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        self.released |= run.is_some();
+        Ok(run.map(RunId))
+    }
+
+    async fn cancel_for_limit(&mut self) -> Result<(), store::Error> {
+        let offset = self.store.offset();
+        sqlx::query(queries::CANCEL_FOR_LIMIT)
+            .bind(offset)
+            .bind(self.run.id.0)
+            .execute(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        self.run.cancel_requested = true;
+        self.run.limit_cancelled = true;
+        Ok(())
+    }
+
+    async fn release_slots(&mut self, settled: bool) -> Result<usize, store::Error> {
+        let released: i64 = sqlx::query_scalar(queries::RELEASE_SLOTS)
+            .bind(self.run.id.0)
+            .bind(settled)
+            .fetch_one(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        self.released |= released > 0;
+        Ok(usize::try_from(released).unwrap_or_default())
+    }
+
     async fn commit(mut self) -> Result<(), store::Error> {
         let tx = self
             .tx
@@ -369,7 +489,11 @@ impl RunPass for PgRunPass {
             .ok_or_else(|| store::Error::Other("the scheduler pass has ended".to_owned()))?;
         tx.commit().await.map_err(store_error)?;
         self.store
-            .announce(&[(Topic::Publisher, self.dispatched), (Topic::RunSettled, self.settled)])
+            .announce(&[
+                (Topic::Publisher, self.dispatched),
+                (Topic::RunSettled, self.settled),
+                (Topic::Scheduler, self.released),
+            ])
             .await;
         Ok(())
     }

@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use flowforge_domain::{CancelReason, Priority, RunState, TaskRunState};
-use flowforge_ports::store::{DefinitionSummary, TokenStatus, TokenView};
+use flowforge_ports::store::{DefinitionSummary, TokenStatus, TokenView, Wait};
 use flowforge_ports::{
     EventView, PassTask, RunId, RunSummary, TaskRunId, TaskRunView, WorkerId, WorkerInfo, WorkflowId, store,
 };
@@ -47,6 +47,33 @@ fn reason(value: Option<String>) -> Result<Option<CancelReason>, store::Error> {
         .transpose()
 }
 
+/// A due wait (docs/design/concurrency.md#gates).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct WaitRow {
+    pub(crate) task_key: Option<String>,
+    pub(crate) scope: String,
+    pub(crate) label: String,
+    pub(crate) max: i32,
+    pub(crate) strategy: String,
+    pub(crate) tried: bool,
+}
+
+impl WaitRow {
+    pub(crate) fn into_wait(self) -> Result<Wait, store::Error> {
+        Ok(Wait {
+            task: self.task_key,
+            scope: self.scope,
+            label: self.label,
+            max: to_u32(self.max, "concurrency_wait.max")?,
+            strategy: self
+                .strategy
+                .parse()
+                .map_err(|e: String| store::Error::Corrupt(format!("concurrency_wait.strategy: {e}")))?,
+            tried: self.tried,
+        })
+    }
+}
+
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct SummaryRow {
     pub(crate) id: Uuid,
@@ -55,6 +82,7 @@ pub(crate) struct SummaryRow {
     pub(crate) version: i32,
     pub(crate) state: String,
     pub(crate) cancel_requested: bool,
+    pub(crate) cancel_reason: Option<String>,
     pub(crate) generation: i32,
     pub(crate) priority: i16,
     pub(crate) created_at: DateTime<Utc>,
@@ -71,6 +99,7 @@ impl SummaryRow {
             version: to_u32(self.version, "workflow.version")?,
             state: parse_name::<RunState>(&self.state, "workflow_run.state")?,
             cancel_requested: self.cancel_requested,
+            cancel_reason: self.cancel_reason,
             generation: to_u32(self.generation, "workflow_run.generation")?,
             priority: priority(self.priority, "workflow_run.priority")?,
             created_at: self.created_at,
@@ -120,6 +149,7 @@ impl TaskRunRow {
             generation: to_u32(self.generation, "task_run.generation")?,
             token: self.fencing_token,
             priority: priority(self.priority, "task_run.priority")?,
+            blocked_by: None,
             cancel_reason: reason(self.cancel_reason)?,
             output: self.result,
             error: self.error,

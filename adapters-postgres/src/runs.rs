@@ -8,13 +8,15 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use flowforge_domain::limits::{self, MAX_STALE_AUDITS_PER_TASK_RUN, Refusal, ValueKind};
 use flowforge_domain::retry::Reset;
-use flowforge_domain::{Priority, RunState, TaskRunState, TaskTransition, run_machine};
-use flowforge_ports::store::{Gauges, IdempotencyKey, KeyedStart, RunQuery, resolve_generic_transition};
+use flowforge_domain::{RunState, TaskRunState, TaskTransition, run_machine};
+use flowforge_ports::store::{
+    Gauges, IdempotencyKey, KeyedStart, RunQuery, StartOptions, Wait, resolve_generic_transition,
+};
 use flowforge_ports::{
     CancelOutcome, Claim, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore, RunSummary, Scope,
-    TaskInputs, TaskOutcome, TaskRunId, Topic, TransitionError, WorkerId, WorkflowId, store,
+    TaskInputs, TaskOutcome, TaskRunId, TaskRunView, Topic, TransitionError, WorkerId, WorkflowId, store,
 };
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 use sqlx::PgExecutor;
 use uuid::Uuid;
 
@@ -22,7 +24,7 @@ use crate::error::{corrupt, store_error};
 use crate::notify::PgNotifier;
 use crate::pass::PgRunPass;
 use crate::queries;
-use crate::rows::{DetailRow, EventRow, SummaryRow, TaskRunRow, parse_name, to_u32, to_u64};
+use crate::rows::{DetailRow, EventRow, SummaryRow, TaskRunRow, WaitRow, parse_name, to_u32, to_u64};
 use crate::store::{PgStore, interval};
 
 #[derive(Debug, sqlx::FromRow)]
@@ -107,14 +109,23 @@ impl PgStore {
         id: Uuid,
         workflow: WorkflowId,
         input: &Value,
-        priority: Priority,
+        options: &StartOptions,
     ) -> Result<[(Topic, bool); 2], store::Error> {
+        let gates: Vec<Value> = options
+            .gates
+            .iter()
+            .map(|g| {
+                json!({"task": g.task, "scope": g.scope, "label": g.label, "max": g.max,
+                       "strategy": g.strategy.as_str()})
+            })
+            .collect();
         let (created, woke_publisher, woke_scheduler): (bool, bool, bool) = sqlx::query_as(queries::START_RUN)
             .bind(self.offset())
             .bind(id)
             .bind(workflow.0)
             .bind(input)
-            .bind(i16::from(priority.get()))
+            .bind(i16::from(options.priority.get()))
+            .bind(Value::Array(gates))
             .fetch_one(exec)
             .await
             .map_err(store_error)?;
@@ -268,17 +279,15 @@ impl RunStore for PgStore {
     type Pass = PgRunPass;
     type Notifier = PgNotifier;
 
-    async fn start_run_with_priority(
+    async fn start_run_with(
         &self,
         workflow: WorkflowId,
         input: Value,
-        priority: Priority,
+        options: &StartOptions,
     ) -> Result<RunId, store::Error> {
         limits::refuse_nul(ValueKind::RunInput, &input)?;
         let id = Uuid::now_v7();
-        let owed = self
-            .create_run(&self.inner.pool, id, workflow, &input, priority)
-            .await?;
+        let owed = self.create_run(&self.inner.pool, id, workflow, &input, options).await?;
         self.announce(&owed).await;
         Ok(RunId(id))
     }
@@ -630,12 +639,20 @@ impl RunStore for PgStore {
             .fetch_all(&mut *tx)
             .await
             .map_err(store_error)?;
+        let waits: Vec<WaitRow> = sqlx::query_as(queries::WAITS)
+            .bind(run.0)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(store_error)?;
         tx.commit().await.map_err(store_error)?;
+        let mut tasks: Vec<TaskRunView> = tasks.into_iter().map(TaskRunRow::into_view).collect::<Result<_, _>>()?;
+        let waits: Vec<Wait> = waits.into_iter().map(WaitRow::into_wait).collect::<Result<_, _>>()?;
+        store::mark_blocked(&mut tasks, &waits);
         Ok(Some(RunDetail {
             summary: detail.summary.into_summary()?,
             fingerprint: detail.fingerprint,
             input: detail.input,
-            tasks: tasks.into_iter().map(TaskRunRow::into_view).collect::<Result<_, _>>()?,
+            tasks,
             events: events.into_iter().map(EventRow::into_view).collect::<Result<_, _>>()?,
         }))
     }
@@ -653,7 +670,7 @@ impl RunStore for PgStore {
         &self,
         workflow: WorkflowId,
         input: Value,
-        priority: Priority,
+        options: &StartOptions,
         key: &IdempotencyKey,
     ) -> Result<KeyedStart, store::Error> {
         limits::refuse_nul(ValueKind::RunInput, &input)?;
@@ -675,7 +692,7 @@ impl RunStore for PgStore {
             return found
                 .ok_or_else(|| store::Error::Other(format!("idempotency key '{}' is taken but not found", key.key)));
         }
-        let owed = match self.create_run(&mut *tx, id, workflow, &input, priority).await {
+        let owed = match self.create_run(&mut *tx, id, workflow, &input, options).await {
             Ok(owed) => owed,
             Err(e) => {
                 // Now, not on the connection's next use: a call waiting on

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use flowforge_domain::concurrency::stored_limits;
 use flowforge_domain::{Defaults, Priority, RetrySpec, TaskDocument, WorkflowDefinition, WorkflowDocument};
 use flowforge_ports::store::DefinitionSummary;
 use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, WorkflowId, store};
@@ -93,6 +94,7 @@ fn assemble(w: WorkflowRow, rows: Vec<TaskRow>) -> Result<Published, LoadError> 
         ),
     };
     let version = u32::try_from(w.version).map_err(|_| invalid(format!("version {} is out of range", w.version)))?;
+    let (concurrency, mut task_limits) = stored_limits(&written).map_err(invalid)?;
     let mut tasks = Vec::with_capacity(rows.len());
     let mut max_attempts = Vec::with_capacity(rows.len());
     for row in rows {
@@ -117,6 +119,7 @@ fn assemble(w: WorkflowRow, rows: Vec<TaskRow>) -> Result<Published, LoadError> 
             .map_err(|e| invalid(format!("task '{}': {e}", row.key)))?;
         max_attempts.push((row.key.clone(), row.max_attempts));
         tasks.push(TaskDocument {
+            concurrency: task_limits.remove(&row.key),
             key: row.key,
             task_type: row.task_type,
             depends_on,
@@ -132,6 +135,7 @@ fn assemble(w: WorkflowRow, rows: Vec<TaskRow>) -> Result<Published, LoadError> 
         version,
         description: (!w.description.is_empty()).then(|| w.description.clone()),
         defaults,
+        concurrency,
         tasks,
     };
     let definition =

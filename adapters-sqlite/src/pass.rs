@@ -30,13 +30,14 @@ use std::time::Duration;
 
 use flowforge_domain::derive::TaskTally;
 use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, run_machine};
+use flowforge_ports::store::{GateCheck, Wait};
 use flowforge_ports::{Activity, LockedRun, PassTask, RunId, RunPass, Topic, WorkflowId, store};
 use sqlx::sqlite::SqliteRow;
 
 use crate::queries;
-use crate::rows::FlaggedRow;
+use crate::rows::{FlaggedRow, WaitRow};
 use crate::rows::{col, decode};
-use crate::rows::{name, opt_name, run_key, u64_of};
+use crate::rows::{name, opt_name, run_id, run_key, u64_of};
 use crate::store::{Conn, Inner, Query, ids_json, lock, padded, sql, tagged};
 
 /// Marks a run as held by an open pass in this process until dropped.
@@ -86,6 +87,9 @@ pub struct SqlitePass {
     failed: bool,
     wrote_outbox: bool,
     settled: bool,
+    /// Slots were let go, or another run's cancel requested: wake the
+    /// schedulers after commit.
+    released: bool,
     // Declared last so the hold is released after the connection (and its
     // rollback, which keeps the writer until done) is given up.
     hold: RunHold,
@@ -164,12 +168,13 @@ impl SqlitePass {
                 let state: String = col(row, 2)?;
                 let state: RunState = name("workflow_run.state", &state)?;
                 let age = Duration::from_millis(u64::try_from(col::<i64>(row, 4)?).unwrap_or(0));
-                Some((col::<i64>(row, 1)?, state, col::<bool>(row, 3)?, age))
+                let flags = (col::<bool>(row, 5)?, col::<bool>(row, 6)?);
+                Some((col::<i64>(row, 1)?, state, col::<bool>(row, 3)?, age, flags))
             }
             None => None,
         };
-        let Some((workflow_id, state, cancel_requested, age)) =
-            header.filter(|(_, s, _, _)| !run_machine().is_terminal(*s))
+        let Some((workflow_id, state, cancel_requested, age, (gated, limit_cancelled))) =
+            header.filter(|(_, s, _, _, _)| !run_machine().is_terminal(*s))
         else {
             // No pass: the flags this call cleared go back.
             conn.rollback().await?;
@@ -185,6 +190,8 @@ impl SqlitePass {
                 workflow_id: WorkflowId(workflow_id),
                 state,
                 cancel_requested,
+                gated,
+                limit_cancelled,
                 age,
             },
             key,
@@ -195,6 +202,7 @@ impl SqlitePass {
             failed: false,
             wrote_outbox: false,
             settled: false,
+            released: false,
             hold,
         }))
     }
@@ -401,6 +409,61 @@ impl RunPass for SqlitePass {
         Ok(true)
     }
 
+    async fn waits(&mut self) -> Result<Vec<Wait>, store::Error> {
+        let rows = self.call(self.query(queries::WAITS)).await?;
+        rows.iter().map(|r| Ok(decode::<WaitRow>(r)?.into_wait()?)).collect()
+    }
+
+    async fn pass_gates(&mut self, task: Option<&str>) -> Result<GateCheck, store::Error> {
+        let task = task.map(str::to_owned);
+        let pools = self.call(self.query(queries::HOLDER_WAITS).bind(task.clone())).await?;
+        for pool in &pools {
+            let scope: String = col(pool, 0)?;
+            let max: i64 = col(pool, 1)?;
+            // Under the write lock nothing takes a slot meanwhile: a miss
+            // means the pool is full.
+            let q = self
+                .query(queries::TAKE_SLOT)
+                .bind(task.clone())
+                .bind(scope.clone())
+                .bind(max);
+            if self.call(q).await?.is_empty() {
+                self.call(self.query(queries::UNTAKE_SLOTS).bind(task.clone())).await?;
+                return Ok(GateCheck::Full(scope));
+            }
+        }
+        self.call(self.query(queries::DROP_WAITS).bind(task)).await?;
+        Ok(GateCheck::Passed)
+    }
+
+    async fn mark_gates_tried(&mut self) -> Result<(), store::Error> {
+        self.call(self.query(queries::MARK_GATES_TRIED)).await?;
+        Ok(())
+    }
+
+    async fn cancel_oldest_holder(&mut self, scope: &str) -> Result<Option<RunId>, store::Error> {
+        let rows = self
+            .call(self.query(queries::CANCEL_OLDEST_HOLDER).bind(scope.to_owned()))
+            .await?;
+        self.released |= !rows.is_empty();
+        rows.first().map(|r| Ok(run_id(&col::<String>(r, 0)?)?)).transpose()
+    }
+
+    async fn cancel_for_limit(&mut self) -> Result<(), store::Error> {
+        self.call(self.query(queries::CANCEL_FOR_LIMIT)).await?;
+        self.run.cancel_requested = true;
+        self.run.limit_cancelled = true;
+        Ok(())
+    }
+
+    async fn release_slots(&mut self, settled: bool) -> Result<usize, store::Error> {
+        let rows = self
+            .call(padded(self.query(queries::RELEASE_SLOTS).bind(settled)))
+            .await?;
+        self.released |= !rows.is_empty();
+        Ok(rows.len())
+    }
+
     async fn commit(mut self) -> Result<(), store::Error> {
         if self.failed {
             return Err(store::Error::Other(
@@ -426,6 +489,7 @@ impl RunPass for SqlitePass {
             inner,
             wrote_outbox,
             settled,
+            released,
             hold,
             ..
         } = self;
@@ -440,6 +504,9 @@ impl RunPass for SqlitePass {
         }
         if settled {
             inner.wakeups.wake(Topic::RunSettled);
+        }
+        if released {
+            inner.wakeups.wake(Topic::Scheduler);
         }
         Ok(())
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flowforge_domain::Priority;
-use flowforge_ports::store::{DefinitionSummary, TokenStatus, TokenView};
+use flowforge_ports::store::{DefinitionSummary, TokenStatus, TokenView, Wait};
 use flowforge_ports::{
     Clock, EventView, PassTask, RunId, RunSummary, Scope, TaskRunId, TaskRunView, WorkerId, WorkerInfo, WorkflowId,
     store,
@@ -110,6 +110,30 @@ where
     row.try_get(index).map_err(store_error)
 }
 
+/// A due wait (docs/design/concurrency.md#gates).
+#[derive(Debug, sqlx::FromRow, serde::Deserialize)]
+pub(crate) struct WaitRow {
+    task_key: Option<String>,
+    scope: String,
+    label: String,
+    max: i64,
+    strategy: String,
+    tried: bool,
+}
+
+impl WaitRow {
+    pub(crate) fn into_wait(self) -> Result<Wait, DecodeError> {
+        Ok(Wait {
+            task: self.task_key,
+            scope: self.scope,
+            label: self.label,
+            max: u32_of("concurrency_wait.max", self.max)?,
+            strategy: name("concurrency_wait.strategy", &self.strategy)?,
+            tried: self.tried,
+        })
+    }
+}
+
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct SummaryRow {
     id: String,
@@ -118,6 +142,7 @@ pub(crate) struct SummaryRow {
     version: i64,
     state: String,
     cancel_requested: bool,
+    cancel_reason: Option<String>,
     generation: i64,
     priority: i64,
     created_at: i64,
@@ -134,6 +159,7 @@ impl SummaryRow {
             version: u32_of("workflow.version", self.version)?,
             state: name("workflow_run.state", &self.state)?,
             cancel_requested: self.cancel_requested,
+            cancel_reason: self.cancel_reason,
             generation: u32_of("workflow_run.generation", self.generation)?,
             priority: priority(self.priority, "workflow_run.priority")?,
             created_at: time("workflow_run.created_at", self.created_at)?,
@@ -175,6 +201,7 @@ impl TaskRunRow {
             generation: u32_of("task_run.generation", self.generation)?,
             token: self.fencing_token,
             priority: priority(self.priority, "task_run.priority")?,
+            blocked_by: None,
             cancel_reason: opt_name("task_run.cancel_reason", self.cancel_reason.as_deref())?,
             output: self.result.as_deref().map(|r| json("task_run.result", r)).transpose()?,
             error: self.error,

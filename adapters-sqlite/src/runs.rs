@@ -14,7 +14,7 @@ use flowforge_domain::limits::{self, Refusal, ValueKind};
 use flowforge_domain::retry::Reset;
 use flowforge_domain::{Priority, RunState, TaskRunState, TaskTransition, initial_task_run_state};
 use flowforge_ports::store::resolve_generic_transition;
-use flowforge_ports::store::{Gauges, IdempotencyKey, KeyedStart, RunQuery};
+use flowforge_ports::store::{Gauges, IdempotencyKey, KeyedStart, RunQuery, StartOptions};
 use flowforge_ports::{
     CancelOutcome, Claim, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore, RunSummary, Scope,
     TaskInputs, TaskOutcome, TaskRunId, Topic, TransitionError, WorkerId, WorkflowId, store,
@@ -26,7 +26,7 @@ use crate::error::{is_unique_violation, store_error};
 use crate::notify::SqliteNotifier;
 use crate::pass::SqlitePass;
 use crate::queries;
-use crate::rows::{EventRow, SummaryRow, TaskRunRow};
+use crate::rows::{EventRow, SummaryRow, TaskRunRow, WaitRow};
 use crate::rows::{col, decode, duration_ms, json, name, run_id, run_key, scope_key, time, u32_of, u64_of};
 use crate::store::{Failure, SqliteStore, lock, padded, sql, tagged};
 
@@ -86,9 +86,10 @@ impl SqliteStore {
         &self,
         workflow: WorkflowId,
         input: Value,
-        priority: Priority,
+        options: &StartOptions,
         key: Option<&IdempotencyKey>,
     ) -> Result<Option<RunId>, store::Error> {
+        let priority = options.priority;
         // SQLite could keep it, PostgreSQL cannot: both refuse it, so the
         // two modes agree (docs/design/data-flow.md#limits).
         limits::refuse_nul(ValueKind::RunInput, &input)?;
@@ -109,10 +110,19 @@ impl SqliteStore {
             }
             rows
         };
+        let run_gated = options.gates.iter().any(|g| g.task.is_none());
         let mut rows = Vec::with_capacity(tasks.len());
         for row in &tasks {
             let task: String = col(row, 0)?;
-            let deps: i64 = col(row, 1)?;
+            let mut deps: i64 = col(row, 1)?;
+            // A gate counts as one more dependency of what it holds back
+            // (docs/design/concurrency.md#gates).
+            if deps == 0 && run_gated {
+                deps += 1;
+            }
+            if options.gates.iter().any(|g| g.task.as_deref() == Some(task.as_str())) {
+                deps += 1;
+            }
             let own: Option<i64> = col(row, 2)?;
             let task_priority = match own {
                 Some(p) => Priority::new(p).map_err(|e| store::Error::Corrupt(format!("task '{task}': {e}")))?,
@@ -129,6 +139,15 @@ impl SqliteStore {
             }));
         }
         let rows = serde_json::to_string(&rows).map_err(|e| store::Error::Other(e.to_string()))?;
+        let gates: Vec<Value> = options
+            .gates
+            .iter()
+            .map(|g| {
+                serde_json::json!({"task": g.task, "scope": g.scope, "label": g.label, "max": g.max,
+                                   "strategy": g.strategy.as_str()})
+            })
+            .collect();
+        let gates = serde_json::to_string(&gates).map_err(|e| store::Error::Other(e.to_string()))?;
         let offset = self.inner.offset();
         let text = if key.is_some() {
             queries::START_RUN_KEYED
@@ -141,7 +160,8 @@ impl SqliteStore {
             .bind(workflow.0)
             .bind(input.clone())
             .bind(rows)
-            .bind(i64::from(priority.get()));
+            .bind(i64::from(priority.get()))
+            .bind(gates);
         if let Some(k) = key {
             query = query.bind(k.key.clone()).bind(k.request_hash.clone());
         }
@@ -155,6 +175,9 @@ impl SqliteStore {
         lock(&self.inner.inputs).input(run, &input);
         if !dispatched.is_empty() {
             self.inner.wakeups.wake(Topic::Publisher);
+        }
+        if !options.gates.is_empty() {
+            self.inner.wakeups.wake(Topic::Scheduler);
         }
         Ok(Some(run))
     }
@@ -184,14 +207,14 @@ impl RunStore for SqliteStore {
     type Pass = SqlitePass;
     type Notifier = SqliteNotifier;
 
-    async fn start_run_with_priority(
+    async fn start_run_with(
         &self,
         workflow: WorkflowId,
         input: Value,
-        priority: Priority,
+        options: &StartOptions,
     ) -> Result<RunId, store::Error> {
         // Without a key there is no key to find taken: always a run.
-        self.create_run(workflow, input, priority, None)
+        self.create_run(workflow, input, options, None)
             .await?
             .ok_or_else(|| store::Error::Other("start_run found a key it was not given".into()))
     }
@@ -703,10 +726,15 @@ impl RunStore for SqliteStore {
         let input: String = first.try_get("input").map_err(store_error)?;
         let mut tasks = aggregated::<TaskRunRow>(&rows, 1, "task_run")?;
         tasks.sort_by_key(|t| t.id);
-        let tasks = tasks
+        let mut tasks = tasks
             .into_iter()
             .map(|r| Ok(r.into_view()?))
             .collect::<Result<Vec<_>, store::Error>>()?;
+        let waits = aggregated::<WaitRow>(&rows, 3, "concurrency waits")?
+            .into_iter()
+            .map(|w| Ok(w.into_wait()?))
+            .collect::<Result<Vec<_>, store::Error>>()?;
+        store::mark_blocked(&mut tasks, &waits);
         // Merged in SQL by `seq`, which is commit order; the sort only confirms it.
         let mut events = aggregated::<EventRow>(&rows, 2, "run history")?;
         events.sort_by_key(|e| e.seq);
@@ -739,7 +767,7 @@ impl RunStore for SqliteStore {
         &self,
         workflow: WorkflowId,
         input: Value,
-        priority: Priority,
+        options: &StartOptions,
         key: &IdempotencyKey,
     ) -> Result<KeyedStart, store::Error> {
         // A retried request usually finds its key: answered from a reader,
@@ -747,7 +775,7 @@ impl RunStore for SqliteStore {
         if let Some(found) = self.keyed_run(key).await? {
             return Ok(found);
         }
-        if let Some(run) = self.create_run(workflow, input, priority, Some(key)).await? {
+        if let Some(run) = self.create_run(workflow, input, options, Some(key)).await? {
             return Ok(KeyedStart::Started(run));
         }
         // Another call recorded the key between the read and the write; it

@@ -1,6 +1,7 @@
 //! The application's error type: what a use case or loop can fail with.
 
 use flowforge_domain::RunState;
+use flowforge_domain::concurrency::Unresolved;
 use flowforge_domain::limits::Refusal;
 use flowforge_domain::retry::RetryRefusal;
 use flowforge_ports::{LoadError, PublishError, RunId, queue, store};
@@ -82,6 +83,16 @@ pub enum Error {
         /// Why.
         refusal: RetryRefusal,
     },
+    /// A concurrency limit's key has no single value in the run input
+    /// (docs/design/concurrency.md): the run is not started.
+    #[error(transparent)]
+    ConcurrencyKeyUnresolved(#[from] Unresolved),
+    /// The run's definition declares concurrency limits, which an
+    /// operator's retry does not take again yet (docs/design/concurrency.md#retries).
+    #[error(
+        "run {0} is of a workflow with concurrency limits, and retrying such a run is not supported: start a new run"
+    )]
+    RetryLimited(RunId),
     /// Another retry of the run (or a late write) changed it first.
     #[error("run {0} changed while this retry was being applied (another retry won); read it again")]
     RetryLost(RunId),
@@ -115,6 +126,8 @@ impl Error {
             | Self::TimeoutTooLong(_)
             | Self::RunNotRetryable { .. }
             | Self::RetryRefused { .. }
+            | Self::ConcurrencyKeyUnresolved(_)
+            | Self::RetryLimited(_)
             | Self::RetryLost(_) => false,
         }
     }

@@ -55,6 +55,10 @@ pub struct TaskReport {
     pub generation: u32,
     /// The priority it is dispatched at (docs/design/priorities.md).
     pub priority: Priority,
+    /// What it waits for besides its dependencies, while pending:
+    /// `concurrency:<key>` (docs/design/concurrency.md#blocked-by).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocked_by: Option<String>,
     /// `user` or `upstream_failed` when cancelled.
     pub cancel_reason: Option<String>,
     /// Output when succeeded.
@@ -149,6 +153,10 @@ pub struct RunReport {
     pub generation: u32,
     /// The priority it was started at (docs/design/priorities.md).
     pub priority: Priority,
+    /// Why it was cancelled when no user asked: `concurrency_limit`
+    /// (docs/design/concurrency.md#strategies).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancel_reason: Option<String>,
     /// Run input.
     pub input: Value,
     /// When it moved to running.
@@ -183,6 +191,7 @@ impl RunReport {
                 attempt: t.attempt,
                 generation: t.generation,
                 priority: t.priority,
+                blocked_by: t.blocked_by.clone(),
                 cancel_reason: t.cancel_reason.map(|r| r.to_string()),
                 output: t.output.clone(),
                 error: t.error.clone(),
@@ -241,6 +250,7 @@ impl RunReport {
             state: detail.summary.state.to_string(),
             generation: detail.summary.generation,
             priority: detail.summary.priority,
+            cancel_reason: detail.summary.cancel_reason.clone(),
             input: detail.input.clone(),
             started_at: time(detail.summary.started_at),
             finished_at: time(detail.summary.finished_at),
@@ -317,6 +327,7 @@ mod tests {
             generation,
             token: 1,
             priority: Priority::DEFAULT,
+            blocked_by: None,
             cancel_reason: None,
             output: (state == TaskRunState::Succeeded).then(|| json!({})),
             error: (state == TaskRunState::Failed).then(|| "boom".to_owned()),
@@ -352,6 +363,7 @@ mod tests {
                 version: 1,
                 state: RunState::Failed,
                 cancel_requested: false,
+                cancel_reason: None,
                 generation: 2,
                 priority: Priority::DEFAULT,
                 created_at: DateTime::UNIX_EPOCH,

@@ -7,10 +7,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flowforge_domain::concurrency::Strategy;
 use flowforge_domain::derive::{CompensationProgress, TaskTally, Verdict, derive_run_state};
 use flowforge_domain::plan;
-use flowforge_domain::{RunState, TaskRunState, TaskTransition};
-use flowforge_ports::store::{LockedRun, Notifier, RunPass, Topic};
+use flowforge_domain::{RunState, TaskRunState, TaskTransition, WorkflowDefinition};
+use flowforge_ports::store::{GateCheck, LockedRun, Notifier, RunPass, Topic, Wait};
 use flowforge_ports::{RunEvent, RunId, Scope, Store, TaskEvent};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -77,6 +78,60 @@ impl Default for SchedulerConfig {
             nudge: None,
         }
     }
+}
+
+/// What a pass's admission did (docs/design/concurrency.md#gates).
+#[derive(Debug, Default)]
+struct Admitted {
+    /// Task runs made ready past their gates.
+    dispatched: usize,
+    /// The run `cancel_in_progress` cancelled to make room.
+    cancelled_holder: Option<RunId>,
+}
+
+/// Passes what gates it can: the run's own first (its tasks without
+/// dependencies wait behind them), acting on its strategy the first time
+/// a pool is full; then, once the run is past them, each task whose only
+/// wait left is its gate.
+async fn admit<P: RunPass>(pass: &mut P, def: &WorkflowDefinition) -> Result<Admitted, Error> {
+    let mut admitted = Admitted::default();
+    let waits = pass.waits().await?;
+    let run_waits: Vec<&Wait> = waits.iter().filter(|w| w.task.is_none()).collect();
+    if !run_waits.is_empty() {
+        match pass.pass_gates(None).await? {
+            GateCheck::Passed => {
+                let roots: Vec<(String, u32)> = def
+                    .forward_tasks()
+                    .filter(|t| t.depends_on().is_empty())
+                    .map(|t| (t.key().to_owned(), 1))
+                    .collect();
+                admitted.dispatched += pass.satisfy_dependencies(&roots).await?.len();
+            }
+            GateCheck::Full(scope) => {
+                // The strategy acts once, when the run first meets a full
+                // pool; after that it waits like any queued run.
+                if !run_waits.iter().any(|w| w.tried) {
+                    pass.mark_gates_tried().await?;
+                    match run_waits.iter().find(|w| w.scope == scope).map(|w| w.strategy) {
+                        Some(Strategy::CancelNewest) => pass.cancel_for_limit().await?,
+                        Some(Strategy::CancelInProgress) => {
+                            admitted.cancelled_holder = pass.cancel_oldest_holder(&scope).await?;
+                        }
+                        Some(Strategy::Queue) | None => {}
+                    }
+                }
+                return Ok(admitted);
+            }
+        }
+    }
+    // Past the run's gates: the tasks whose only wait left is their own.
+    let due: Vec<String> = pass.waits().await?.into_iter().filter_map(|w| w.task).collect();
+    for task in due {
+        if pass.pass_gates(Some(&task)).await? == GateCheck::Passed {
+            admitted.dispatched += pass.satisfy_dependencies(&[(task, 1)]).await?.len();
+        }
+    }
+    Ok(admitted)
 }
 
 /// The scheduler of one process.
@@ -187,6 +242,22 @@ impl<S: Store> Scheduler<S> {
             }
             outcome.dispatched += pass.promote_due_retries().await?.len();
         }
+        if header.gated {
+            // Slots of finished tasks first, so a sibling may take them
+            // in this very pass (docs/design/concurrency.md#gates).
+            pass.release_slots(false).await?;
+            if !pass.run().cancel_requested {
+                let admitted = admit(&mut pass, def).await?;
+                outcome.dispatched += admitted.dispatched;
+                if let Some(victim) = admitted.cancelled_holder {
+                    tracing::info!(run_id = %run, cancelled = %victim, "concurrency limit: the oldest holder is cancelled");
+                }
+                if pass.run().cancel_requested {
+                    tracing::info!(run_id = %run, "concurrency limit: the newest run is cancelled");
+                    outcome.cancelled += pass.cancel_waiting().await?.len();
+                }
+            }
+        }
 
         // Derive the run state, compensating first if the run failed. While
         // a forward task is active the run cannot settle: index lookups
@@ -204,7 +275,10 @@ impl<S: Store> Scheduler<S> {
             let verdict = derive_run_state(&tally, CompensationProgress::NotStarted);
             (tally, verdict)
         };
-        if verdict == Verdict::Compensating {
+        // A run a concurrency limit cancelled rolls back what it did
+        // before it settles as cancelled (docs/design/concurrency.md#strategies).
+        let rollback_cancelled = pass.run().limit_cancelled && verdict == Verdict::Settled(RunState::Cancelled);
+        if verdict == Verdict::Compensating || rollback_cancelled {
             let succeeded = pass.succeeded_keys().await?;
             let succeeded: BTreeSet<&str> = succeeded.iter().map(String::as_str).collect();
             let rows = pass.compensator_states().await?;
@@ -216,7 +290,14 @@ impl<S: Store> Scheduler<S> {
                 outcome.dispatched += 1;
                 outcome.compensator = Some(key.to_owned());
             }
-            verdict = derive_run_state(&tally, next.progress);
+            verdict = if rollback_cancelled {
+                match next.progress {
+                    CompensationProgress::NotStarted | CompensationProgress::Outstanding => Verdict::Compensating,
+                    CompensationProgress::Finished | CompensationProgress::Halted => verdict,
+                }
+            } else {
+                derive_run_state(&tally, next.progress)
+            };
         }
 
         // Store it along legal edges only
@@ -227,6 +308,9 @@ impl<S: Store> Scheduler<S> {
                 tracing::warn!(run_id = %run, %edge, "run transition lost a race; the next pass will re-derive");
                 break;
             }
+        }
+        if header.gated && matches!(verdict, Verdict::Settled(_)) && !edges.is_empty() {
+            pass.release_slots(true).await?;
         }
         pass.commit().await?;
 

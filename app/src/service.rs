@@ -6,12 +6,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flowforge_domain::concurrency;
 use flowforge_domain::limits::{self, Limits, ValueKind};
 use flowforge_domain::retry::{Reset, reset_set};
 use flowforge_domain::{Priority, RunState, TaskRunState, WorkflowDefinition};
 use flowforge_ports::store::{
     CancelOutcome, DefinitionSummary, EventView, Gauges, IdempotencyKey, KeyedStart, Notifier, Published, RunQuery,
-    Topic,
+    StartOptions, Topic,
 };
 use flowforge_ports::{RunId, RunSummary, Scope, Store, WorkerInfo, WorkflowId};
 use serde_json::Value;
@@ -186,11 +187,28 @@ impl<S: Store> Service<S> {
     /// (docs/design/priorities.md). An input that cannot be stored or is
     /// larger than `max_run_input_bytes` is refused ([`Error::Refused`])
     /// before anything is written.
+    ///
+    /// The definition's concurrency limits are resolved against the input
+    /// here (docs/design/concurrency.md): a key without one value refuses
+    /// the start ([`Error::ConcurrencyKeyUnresolved`]).
     pub async fn start(&self, workflow: WorkflowId, input: Value, priority: Priority) -> Result<RunId, Error> {
-        limits::check_value(ValueKind::RunInput, &input, self.limits.run_input_bytes)?;
-        let run = self.store.start_run_with_priority(workflow, input, priority).await?;
+        let options = self.start_options(workflow, &input, priority).await?;
+        let run = self.store.start_run_with(workflow, input, &options).await?;
         self.count_start(workflow).await;
         Ok(run)
+    }
+
+    /// Checks the input and resolves what a start of `workflow` needs.
+    async fn start_options(
+        &self,
+        workflow: WorkflowId,
+        input: &Value,
+        priority: Priority,
+    ) -> Result<StartOptions, Error> {
+        limits::check_value(ValueKind::RunInput, input, self.limits.run_input_bytes)?;
+        let published = self.defs.get(workflow).await?;
+        let gates = concurrency::resolve(&published.definition, input)?;
+        Ok(StartOptions { priority, gates })
     }
 
     /// Starts a run under a client's idempotency key: a second call with
@@ -204,8 +222,8 @@ impl<S: Store> Service<S> {
         priority: Priority,
         key: &IdempotencyKey,
     ) -> Result<KeyedStart, Error> {
-        limits::check_value(ValueKind::RunInput, &input, self.limits.run_input_bytes)?;
-        let started = self.store.start_run_keyed(workflow, input, priority, key).await?;
+        let options = self.start_options(workflow, &input, priority).await?;
+        let started = self.store.start_run_keyed(workflow, input, &options, key).await?;
         if matches!(started, KeyedStart::Started(_)) {
             self.count_start(workflow).await;
         }
@@ -315,6 +333,10 @@ impl<S: Store> Service<S> {
             return Err(Error::RunNotRetryable { run, state });
         }
         let published = self.defs.get(detail.summary.workflow_id).await?;
+        let def = &published.definition;
+        if !def.concurrency().is_empty() || def.tasks().iter().any(|t| t.concurrency().is_some()) {
+            return Err(Error::RetryLimited(run));
+        }
         let states: BTreeMap<&str, TaskRunState> = detail
             .tasks
             .iter()

@@ -41,6 +41,9 @@ fn task(t: &TaskDefinition) -> Value {
     if let Some(p) = t.priority() {
         task["priority"] = json!(p.get());
     }
+    if let Some(limit) = t.concurrency() {
+        task["concurrency"] = json!({"key": limit.key, "max": limit.max});
+    }
     task
 }
 
@@ -52,13 +55,22 @@ fn defaults(d: &Defaults) -> Value {
 pub fn normalised(def: &WorkflowDefinition) -> Value {
     let mut tasks: Vec<&TaskDefinition> = def.tasks().iter().collect();
     tasks.sort_by(|a, b| a.key().cmp(b.key()));
-    json!({
+    let mut normalised = json!({
         "name": def.name(),
         "version": def.version(),
         "description": def.description(),
         "defaults": defaults(def.defaults()),
         "tasks": tasks.into_iter().map(task).collect::<Vec<_>>(),
-    })
+    });
+    // Only when given, as a task's priority: earlier fingerprints stand.
+    if !def.concurrency().is_empty() {
+        normalised["concurrency"] = def
+            .concurrency()
+            .iter()
+            .map(|l| json!({"key": l.key, "max": l.max, "strategy": l.strategy.as_str()}))
+            .collect();
+    }
+    normalised
 }
 
 /// The canonical bytes of the normalised form (RFC 8785).
@@ -150,6 +162,18 @@ mod tests {
         let mut with_priority = base();
         with_priority["tasks"][0]["priority"] = json!(9);
         assert_ne!(def(with_priority).fingerprint(), original);
+        let mut limited = base();
+        limited["concurrency"] = json!([{"key": "$.k", "max": 1}]);
+        let with_run_limit = def(limited.clone()).fingerprint();
+        assert_ne!(with_run_limit, original);
+        limited["concurrency"][0]["strategy"] = json!("queue");
+        assert_eq!(
+            def(limited.clone()).fingerprint(),
+            with_run_limit,
+            "queue is the default"
+        );
+        limited["tasks"][0]["concurrency"] = json!({"key": "$.k", "max": 1});
+        assert_ne!(def(limited).fingerprint(), with_run_limit);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! async code: time and ids come in as arguments. `cargo xtask check-deps`
 //! and `cargo deny` enforce that over the whole dependency graph.
 
+pub mod concurrency;
 pub mod definition;
 pub mod derive;
 pub mod fingerprint;

@@ -145,6 +145,7 @@ pub fn check_shape(value: &Value) -> Vec<ShapeError> {
         return errors;
     }
     let mut errors = fractional_integers(value);
+    errors.extend(limit_keys(value));
     if let Some(path) = limits::find_nul(value) {
         errors.push(ShapeError {
             path,
@@ -260,6 +261,34 @@ fn fractional_integers(value: &Value) -> Vec<ShapeError> {
         }
     }
     found
+}
+
+/// Concurrency keys that are not JSONPaths, each at its own path: the
+/// schema can only say they are strings.
+fn limit_keys(value: &Value) -> Vec<ShapeError> {
+    let mut keys: Vec<(String, &Value)> = Vec::new();
+    if let Some(limits) = value.get("concurrency").and_then(Value::as_array) {
+        keys.extend(
+            limits
+                .iter()
+                .enumerate()
+                .filter_map(|(i, l)| Some((format!("$.concurrency[{i}].key"), l.get("key")?))),
+        );
+    }
+    if let Some(tasks) = value.get("tasks").and_then(Value::as_array) {
+        keys.extend(
+            tasks
+                .iter()
+                .enumerate()
+                .filter_map(|(i, t)| Some((format!("$.tasks[{i}].concurrency.key"), t.pointer("/concurrency/key")?))),
+        );
+    }
+    keys.into_iter()
+        .filter_map(|(path, key)| {
+            let message = crate::concurrency::check_key(key.as_str()?).err()?;
+            Some(ShapeError { path, message })
+        })
+        .collect()
 }
 
 /// Parses and validates a definition: size limit, JSON, shape, graph.

@@ -31,9 +31,10 @@ mod tests {
     use std::collections::BTreeSet;
 
     /// The contract's sections, read as text: a case is a `pub async fn`.
-    const SECTIONS: [&str; 16] = [
+    const SECTIONS: [&str; 17] = [
         include_str!("contract/api.rs"),
         include_str!("contract/claims.rs"),
+        include_str!("contract/concurrency.rs"),
         include_str!("contract/definitions.rs"),
         include_str!("contract/finishing.rs"),
         include_str!("contract/generic.rs"),

@@ -61,7 +61,7 @@ fn idempotency_key(headers: &HeaderMap, request: &StartRun) -> Result<Option<Ide
         (status = 201, description = "Started", body = Started),
         (status = 200, description = "Replayed: this key already started this run (header Idempotent-Replayed: true)", body = Started),
         (status = 404, description = "No such workflow", body = ProblemBody),
-        (status = 422, description = "idempotency_key_reused, unknown_task_type, refused_value", body = ProblemBody),
+        (status = 422, description = "idempotency_key_reused, unknown_task_type, refused_value, concurrency_key_unresolved", body = ProblemBody),
     ),
     security(("bearer" = ["runs:write"]))
 )]

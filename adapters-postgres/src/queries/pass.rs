@@ -9,7 +9,8 @@
 /// offset (for the run's age).
 pub const BEGIN_PASS_TAKING_FLAGS: &str = concat!(
     "WITH locked AS (
-    SELECT id, workflow_id, state, cancel_requested_at IS NOT NULL AS cancel_requested,
+    SELECT id, workflow_id, state, cancel_requested_at IS NOT NULL AS cancel_requested, gated,
+           cancel_reason IS NOT NULL AS limit_cancelled,
            EXTRACT(EPOCH FROM (statement_timestamp() + $2::interval) - created_at)::float8 AS age_seconds
     FROM workflow_run
     WHERE id = $1 AND state IN ('pending', 'running')
@@ -17,7 +18,8 @@ pub const BEGIN_PASS_TAKING_FLAGS: &str = concat!(
 ), ",
     take_flags!("(SELECT id FROM locked)"),
     "
-SELECT l.id AS run_id, l.workflow_id, l.state AS run_state, l.cancel_requested, l.age_seconds,
+SELECT l.id AS run_id, l.workflow_id, l.state AS run_state, l.cancel_requested, l.gated, l.limit_cancelled,
+       l.age_seconds,
        f.id, f.task_key, f.state, f.cancel_reason, f.compensate_for
 FROM locked AS l LEFT JOIN flagged AS f ON true
 ORDER BY f.id"
@@ -279,3 +281,93 @@ pub const TRANSITION_RUN: &str = concat!(
 SELECT (SELECT count(*) FROM moved) > 0 AS moved,
        (SELECT count(*) FROM moved WHERE $6) > 0 AS woke"
 );
+
+/// waits: the run's due waits (docs/design/concurrency.md#gates): its own
+/// gates, and a task's once only its gate holds it back (pending with one
+/// dependency left, and the run past its own gates). `$1` run.
+pub const WAITS: &str = "\
+SELECT w.task_key, w.scope, w.label, w.max, w.strategy, w.tried
+FROM concurrency_wait AS w
+LEFT JOIN task_run AS tr ON tr.run_id = w.run_id AND tr.task_key = w.task_key
+WHERE w.run_id = $1
+  AND (w.task_key IS NULL
+       OR (tr.state = 'pending' AND tr.pending_deps = 1
+           AND NOT EXISTS (SELECT 1 FROM concurrency_wait AS r WHERE r.run_id = $1 AND r.task_key IS NULL)))
+ORDER BY w.task_key NULLS FIRST, w.scope";
+
+/// pass_gates: the scopes and sizes of one holder's waits, by scope (so
+/// two holders of the same pools take them in one order). `$1` run, `$2`
+/// task (NULL: the run).
+pub const HOLDER_WAITS: &str = "\
+SELECT scope, max FROM concurrency_wait
+WHERE run_id = $1 AND task_key IS NOT DISTINCT FROM $2
+ORDER BY scope";
+
+/// pass_gates: the lowest free slot of a pool below its size, for one
+/// holder; nothing when none is free or a concurrent holder took the one
+/// picked (the primary key decides). `$1` offset, `$2` scope, `$3` size,
+/// `$4` run, `$5` task.
+pub const TAKE_SLOT: &str = concat!(
+    "INSERT INTO concurrency_slot (scope, slot, run_id, task_key, acquired_at)
+SELECT $2, n, $4, $5, ",
+    now!(),
+    "
+FROM generate_series(0, $3 - 1) AS n
+WHERE NOT EXISTS (SELECT 1 FROM concurrency_slot AS s WHERE s.scope = $2 AND s.slot = n)
+ORDER BY n LIMIT 1
+ON CONFLICT DO NOTHING
+RETURNING slot"
+);
+
+/// pass_gates: whether a pool has room below `$2` slots. `$1` scope.
+pub const POOL_HAS_ROOM: &str = "SELECT count(*) < $2::int8 FROM concurrency_slot WHERE scope = $1 AND slot < $2";
+
+/// pass_gates, when one pool of a holder is full: gives back the slots
+/// this pass took for it. `$1` run, `$2` task.
+pub const UNTAKE_SLOTS: &str = "DELETE FROM concurrency_slot WHERE run_id = $1 AND task_key IS NOT DISTINCT FROM $2";
+
+/// pass_gates, once every pool gave a slot: the holder's waits are done.
+/// `$1` run, `$2` task.
+pub const DROP_WAITS: &str = "DELETE FROM concurrency_wait WHERE run_id = $1 AND task_key IS NOT DISTINCT FROM $2";
+
+/// mark_gates_tried: the run's own waits. `$1` run.
+pub const MARK_GATES_TRIED: &str = "UPDATE concurrency_wait SET tried = true WHERE run_id = $1 AND task_key IS NULL";
+
+/// cancel_oldest_holder: the cancel request, reason `concurrency_limit`,
+/// of the run holding a slot of `$3` longest, not cancel-requested and not
+/// `$2`; it is flagged for a pass. `$1` offset.
+pub const CANCEL_OLDEST_HOLDER: &str = concat!(
+    "UPDATE workflow_run SET cancel_requested_at = ",
+    now!(),
+    ", cancel_reason = 'concurrency_limit', needs_pass = true
+WHERE id = (
+    SELECT s.run_id FROM concurrency_slot AS s JOIN workflow_run AS wr ON wr.id = s.run_id
+    WHERE s.scope = $3 AND s.task_key IS NULL AND s.run_id <> $2 AND wr.cancel_requested_at IS NULL
+    ORDER BY s.acquired_at, wr.created_at, s.run_id
+    LIMIT 1
+) AND cancel_requested_at IS NULL AND state IN ('pending', 'running')
+RETURNING id"
+);
+
+/// cancel_for_limit: the run's cancel request, with its reason. `$1`
+/// offset, `$2` run.
+pub const CANCEL_FOR_LIMIT: &str = concat!(
+    "UPDATE workflow_run SET cancel_requested_at = COALESCE(cancel_requested_at, ",
+    now!(),
+    "), cancel_reason = 'concurrency_limit' WHERE id = $2"
+);
+
+/// release_slots: the slots of the run's finished tasks and, when `$2`
+/// (the run settled), every slot and wait of the run. `$1` run.
+pub const RELEASE_SLOTS: &str = "\
+WITH released AS (
+    DELETE FROM concurrency_slot AS s
+    WHERE s.run_id = $1
+      AND ($2 OR (s.task_key IS NOT NULL AND EXISTS (
+          SELECT 1 FROM task_run AS tr
+          WHERE tr.run_id = $1 AND tr.task_key = s.task_key AND tr.state IN ('succeeded', 'failed', 'cancelled'))))
+    RETURNING 1
+), unwaited AS (
+    DELETE FROM concurrency_wait WHERE run_id = $1 AND $2
+)
+SELECT count(*) FROM released";

@@ -1,27 +1,41 @@
 //! The run store's statements: starting runs, every task-run transition
 //! with its event row in the same statement, reaping, reading runs back.
 
-/// start_run: the run, one task run per forward task (ready without
-/// dependencies, else pending) and one outbox row per ready task run, in
+/// start_run: the run, one task run per forward task (ready when nothing
+/// holds it back, else pending) and one outbox row per ready task run, in
 /// one statement; each outbox row's task type is looked up per row (see
-/// [`super::LOWER_AND_PROMOTE`] on pinning a wide batch's plan). `$1` offset, `$2` run id, `$3` workflow
-/// id, `$4` input, `$5` the run's priority.
+/// [`super::LOWER_AND_PROMOTE`] on pinning a wide batch's plan). The gates
+/// (docs/design/concurrency.md#gates) become waits, and each counts as one
+/// more dependency of what it holds back: a run gate of the tasks without
+/// dependencies, a task gate of its task; a gated run is flagged for its
+/// first pass. `$1` offset, `$2` run id, `$3` workflow id, `$4` input, `$5`
+/// the run's priority, `$6` the gates as a JSON array of records.
 pub const START_RUN: &str = concat!(
-    "WITH run AS (
-    INSERT INTO workflow_run (id, workflow_id, state, input, created_at, priority)
+    "WITH gate AS (
+    SELECT * FROM jsonb_to_recordset($6) AS g(task text, scope text, label text, max int4, strategy text)
+), run AS (
+    INSERT INTO workflow_run (id, workflow_id, state, input, created_at, priority, gated, needs_pass)
     SELECT $2, w.id, 'pending', $4, ",
     now!(),
-    ", $5 FROM workflow AS w WHERE w.id = $3
+    ", $5, jsonb_array_length($6) > 0, jsonb_array_length($6) > 0 FROM workflow AS w WHERE w.id = $3
     RETURNING id, workflow_id, created_at, priority
 ), created AS (
     INSERT INTO task_run (run_id, task_key, state, pending_deps, created_at, priority)
-    SELECT run.id, t.key,
-           CASE WHEN jsonb_array_length(t.depends_on) = 0 THEN 'ready' ELSE 'pending' END,
-           jsonb_array_length(t.depends_on), run.created_at, COALESCE(t.priority, run.priority)
+    SELECT run.id, t.key, CASE WHEN held.n = 0 THEN 'ready' ELSE 'pending' END, held.n, run.created_at,
+           COALESCE(t.priority, run.priority)
     FROM run JOIN task AS t ON t.workflow_id = run.workflow_id
+    CROSS JOIN LATERAL (
+        SELECT jsonb_array_length(t.depends_on)
+             + CASE WHEN jsonb_array_length(t.depends_on) = 0
+                         AND EXISTS (SELECT 1 FROM gate WHERE gate.task IS NULL) THEN 1 ELSE 0 END
+             + CASE WHEN EXISTS (SELECT 1 FROM gate WHERE gate.task = t.key) THEN 1 ELSE 0 END AS n
+    ) AS held
     WHERE t.compensate_for IS NULL
     ORDER BY t.position
     RETURNING id, run_id, task_key, state, fencing_token, priority
+), waits AS (
+    INSERT INTO concurrency_wait (run_id, task_key, scope, label, max, strategy)
+    SELECT run.id, gate.task, gate.scope, gate.label, gate.max, gate.strategy FROM run, gate
 ), dispatched AS (
     INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority)
     SELECT c.id, c.run_id, c.task_key, t.task_type, c.fencing_token, ",
@@ -399,6 +413,14 @@ WHERE wr.state IN ('pending', 'running') AND wr.id IN (
     " AND ($3::uuid[] IS NULL OR run_id = ANY($3))
     UNION
     SELECT id FROM workflow_run WHERE needs_pass AND ($3::uuid[] IS NULL OR id = ANY($3))
+    UNION
+    -- Gates with room, whose holder is due (docs/design/concurrency.md#wake-ups).
+    SELECT w.run_id FROM concurrency_wait AS w
+    WHERE ($3::uuid[] IS NULL OR w.run_id = ANY($3))
+      AND (SELECT count(*) FROM concurrency_slot AS s WHERE s.scope = w.scope AND s.slot < w.max) < w.max
+      AND (w.task_key IS NULL OR EXISTS (
+          SELECT 1 FROM task_run AS tr
+          WHERE tr.run_id = w.run_id AND tr.task_key = w.task_key AND tr.state = 'pending' AND tr.pending_deps = 1))
 )
 ORDER BY wr.id
 LIMIT $2"
@@ -454,7 +476,8 @@ FROM workflow_run AS wr, total WHERE wr.id = $1";
 macro_rules! summary_columns {
     () => {
         "wr.id, wr.workflow_id, w.name AS workflow, w.version, wr.state,
-       wr.cancel_requested_at IS NOT NULL AS cancel_requested, wr.generation, wr.priority, wr.created_at,
+       wr.cancel_requested_at IS NOT NULL AS cancel_requested, wr.cancel_reason, wr.generation, wr.priority,
+       wr.created_at,
        wr.started_at, wr.finished_at"
     };
 }

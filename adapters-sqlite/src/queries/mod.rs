@@ -15,6 +15,23 @@ macro_rules! now {
     };
 }
 
+/// The due waits of run `$run` (docs/design/concurrency.md#gates): its own
+/// gates, and a task's once only its gate holds it back (pending with one
+/// dependency left, and the run past its own gates).
+macro_rules! due_waits {
+    ($run:literal) => {
+        concat!(
+            "SELECT w.task_key, w.scope, w.label, w.max, w.strategy, w.tried FROM concurrency_wait w \
+             LEFT JOIN task_run tr ON tr.run_id = w.run_id AND tr.task_key = w.task_key \
+             WHERE w.run_id = ",
+            $run,
+            " AND (w.task_key IS NULL OR (tr.state = 'pending' AND tr.pending_deps = 1 \
+             AND NOT EXISTS (SELECT 1 FROM concurrency_wait r WHERE r.run_id = w.run_id AND r.task_key IS NULL))) \
+             ORDER BY w.task_key NULLS FIRST, w.scope"
+        )
+    };
+}
+
 /// The last id of the run's history: both event tables draw their ids from
 /// one sequence, so ordering the merged history by id is commit order.
 /// Millisecond store time cannot order it (a pass's run transition and the

@@ -121,7 +121,7 @@ pub(crate) const BEGIN_PASS: &str = concat!(
     "BEGIN IMMEDIATE; \
      SELECT 0 AS tag, workflow_id, state, cancel_requested_at IS NOT NULL, ",
     now!(),
-    " - created_at FROM workflow_run WHERE id = ?2; ",
+    " - created_at, gated, cancel_reason IS NOT NULL FROM workflow_run WHERE id = ?2; ",
     take_flagged!(),
     "; ",
     take_run_flag!(),
@@ -354,3 +354,62 @@ pub(crate) const SUCCEEDED_KEYS: &str =
 pub(crate) const COMPENSATOR_STATES: &str = "SELECT task_key, state FROM task_run \
      WHERE run_id = ?1 AND compensate_for IS NOT NULL \
      AND generation = (SELECT generation FROM workflow_run WHERE id = ?1) ORDER BY id";
+
+/// waits: the run's due waits. `?2` run.
+pub(crate) const WAITS: &str = due_waits!("?2");
+
+/// pass_gates: the scopes and sizes of one holder's waits, by scope. `?2`
+/// run, `?3` task (NULL: the run).
+pub(crate) const HOLDER_WAITS: &str =
+    "SELECT scope, max FROM concurrency_wait WHERE run_id = ?2 AND task_key IS ?3 ORDER BY scope";
+
+/// pass_gates: the lowest free slot of a pool below its size, for one
+/// holder (the primary key would refuse a taken one; under the write lock
+/// none is taken meanwhile). `?2` run, `?3` task, `?4` scope, `?5` size.
+pub(crate) const TAKE_SLOT: &str = concat!(
+    "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?5) \
+     INSERT INTO concurrency_slot (scope, slot, run_id, task_key, acquired_at) \
+     SELECT ?4, i, ?2, ?3, ",
+    now!(),
+    " FROM n WHERE NOT EXISTS (SELECT 1 FROM concurrency_slot s WHERE s.scope = ?4 AND s.slot = n.i) \
+     ORDER BY i LIMIT 1 RETURNING slot"
+);
+
+/// pass_gates, when one pool of a holder is full: gives back the slots
+/// this pass took for it. `?2` run, `?3` task.
+pub(crate) const UNTAKE_SLOTS: &str = "DELETE FROM concurrency_slot WHERE run_id = ?2 AND task_key IS ?3";
+
+/// pass_gates, once every pool gave a slot. `?2` run, `?3` task.
+pub(crate) const DROP_WAITS: &str = "DELETE FROM concurrency_wait WHERE run_id = ?2 AND task_key IS ?3";
+
+/// mark_gates_tried: the run's own waits. `?2` run.
+pub(crate) const MARK_GATES_TRIED: &str =
+    "UPDATE concurrency_wait SET tried = 1 WHERE run_id = ?2 AND task_key IS NULL";
+
+/// cancel_oldest_holder: the cancel request, reason `concurrency_limit`,
+/// of the run holding a slot of `?3` longest, not cancel-requested and not
+/// `?2`; it is flagged for a pass.
+pub(crate) const CANCEL_OLDEST_HOLDER: &str = concat!(
+    "UPDATE workflow_run SET cancel_requested_at = ",
+    now!(),
+    ", cancel_reason = 'concurrency_limit', needs_pass = 1 \
+     WHERE id = (SELECT s.run_id FROM concurrency_slot s JOIN workflow_run r ON r.id = s.run_id \
+                 WHERE s.scope = ?3 AND s.task_key IS NULL AND s.run_id <> ?2 AND r.cancel_requested_at IS NULL \
+                 ORDER BY s.acquired_at, r.created_at, s.run_id LIMIT 1) \
+       AND cancel_requested_at IS NULL AND state IN ('pending', 'running') RETURNING id"
+);
+
+/// cancel_for_limit: the run's cancel request, with its reason. `?2` run.
+pub(crate) const CANCEL_FOR_LIMIT: &str = concat!(
+    "UPDATE workflow_run SET cancel_requested_at = COALESCE(cancel_requested_at, ",
+    now!(),
+    "), cancel_reason = 'concurrency_limit' WHERE id = ?2"
+);
+
+/// release_slots: the slots of the run's finished tasks and, when `?3`
+/// (the run settled), every slot and wait of the run; returns a row per
+/// slot let go. `?2` run.
+pub(crate) const RELEASE_SLOTS: &str = "DELETE FROM concurrency_slot AS s WHERE s.run_id = ?2 \
+     AND (?3 OR (s.task_key IS NOT NULL AND EXISTS (SELECT 1 FROM task_run tr WHERE tr.run_id = ?2 \
+          AND tr.task_key = s.task_key AND tr.state IN ('succeeded', 'failed', 'cancelled')))) RETURNING 1; \
+     DELETE FROM concurrency_wait WHERE run_id = ?2 AND ?3";

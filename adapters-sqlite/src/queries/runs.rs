@@ -4,7 +4,7 @@
 macro_rules! summary_columns {
     () => {
         "r.id, r.workflow_id, w.name, w.version, r.state, r.cancel_requested_at IS NOT NULL AS cancel_requested, \
-         r.generation, r.priority, r.created_at, r.started_at, r.finished_at"
+         r.cancel_reason, r.generation, r.priority, r.created_at, r.started_at, r.finished_at"
     };
 }
 
@@ -227,16 +227,22 @@ pub(crate) const START_TASKS: &str = "SELECT key, json_array_length(depends_on),
      WHERE workflow_id = ?1 AND compensate_for IS NULL ORDER BY position";
 
 /// start_run's writes, without the transaction around them: `?2` run, `?3`
-/// workflow, `?4` input, `?5` the task rows, `?6` the run's priority; the literals given (a
+/// workflow, `?4` input, `?5` the task rows (their pending counts include
+/// the gates that hold them back, docs/design/concurrency.md#gates), `?6`
+/// the run's priority, `?7` its gates (a JSON array; each becomes a wait,
+/// and a gated run is flagged for its first pass); the literals given (a
 /// statement ending in `; `, each literal followed by a comma) go right
 /// after the run row. Returns one row per dispatch written.
 macro_rules! start_writes {
     ($($after_run:tt)*) => {
         concat!(
-            "INSERT INTO workflow_run (id, workflow_id, state, input, created_at, priority) \
+            "INSERT INTO workflow_run (id, workflow_id, state, input, created_at, priority, gated, needs_pass) \
              VALUES (?2, ?3, 'pending', ?4, ",
             now!(),
-            ", ?6); ",
+            ", ?6, json_array_length(?7) > 0, json_array_length(?7) > 0); \
+             INSERT INTO concurrency_wait (run_id, task_key, scope, label, max, strategy) \
+             SELECT ?2, j.value ->> 'task', j.value ->> 'scope', j.value ->> 'label', j.value ->> 'max', \
+                    j.value ->> 'strategy' FROM json_each(?7) AS j ORDER BY j.key; ",
             $($after_run)*
             "INSERT INTO task_run (run_id, task_key, state, pending_deps, created_at, priority) \
              SELECT ?2, j.value ->> 'k', j.value ->> 's', j.value ->> 'd', ",
@@ -253,17 +259,18 @@ macro_rules! start_writes {
 }
 
 /// start_run in one call: `?2` run, `?3` workflow, `?4` input, `?5` the
-/// task rows, `?6` the run's priority; returns one row per dispatch written.
+/// task rows, `?6` the run's priority, `?7` its gates; returns one row per
+/// dispatch written.
 pub(crate) const START_RUN: &str = concat!("BEGIN IMMEDIATE; ", start_writes!(), "COMMIT");
 
-/// start_run_keyed in one call: start_run's, with the key `?7` and request
-/// hash `?8` recorded beside the run. A key already recorded breaks
+/// start_run_keyed in one call: start_run's, with the key `?8` and request
+/// hash `?9` recorded beside the run. A key already recorded breaks
 /// `run_idempotency`'s primary key, which fails the call and rolls the run
 /// back.
 pub(crate) const START_RUN_KEYED: &str = concat!(
     "BEGIN IMMEDIATE; ",
     start_writes!(
-        "INSERT INTO run_idempotency (key, request_hash, run_id, created_at) VALUES (?7, ?8, ?2, ",
+        "INSERT INTO run_idempotency (key, request_hash, run_id, created_at) VALUES (?8, ?9, ?2, ",
         now!(),
         "); ",
     ),
@@ -405,7 +412,12 @@ pub(crate) const RUNS_WITH_WORK: &str = concat!(
              UNION SELECT run_id FROM task_run WHERE state = 'retrying' AND retry_at <= ",
     now!(),
     " AND (?2 IS NULL OR run_id IN (SELECT value FROM json_each(?2))) \
-             UNION SELECT id FROM workflow_run WHERE needs_pass AND (?2 IS NULL OR id IN (SELECT value FROM json_each(?2)))\
+             UNION SELECT id FROM workflow_run WHERE needs_pass AND (?2 IS NULL OR id IN (SELECT value FROM json_each(?2))) \
+             UNION SELECT g.run_id FROM concurrency_wait g \
+             WHERE (?2 IS NULL OR g.run_id IN (SELECT value FROM json_each(?2))) \
+               AND (SELECT count(*) FROM concurrency_slot s WHERE s.scope = g.scope AND s.slot < g.max) < g.max \
+               AND (g.task_key IS NULL OR EXISTS (SELECT 1 FROM task_run tr WHERE tr.run_id = g.run_id \
+                    AND tr.task_key = g.task_key AND tr.state = 'pending' AND tr.pending_deps = 1))\
              ) AS w CROSS JOIN workflow_run r ON r.id = w.run_id \
              WHERE r.state IN ('pending', 'running') ORDER BY r.created_at, r.id LIMIT ?3"
 );
@@ -476,6 +488,9 @@ pub(crate) const GET_RUN: &str = concat!(
      'from_state', from_state, 'to_state', to_state, 'attempt', attempt, 'token', token, 'worker', worker, \
      'at', at, 'error', error, 'generation', generation)) AS rows FROM (",
     history!("", ""),
+    "); SELECT 3 AS tag, json_group_array(json_object('task_key', task_key, 'scope', scope, 'label', label, \
+     'max', max, 'strategy', strategy, 'tried', json(CASE WHEN tried THEN 'true' ELSE 'false' END))) AS rows FROM (",
+    due_waits!("?1"),
     "); COMMIT"
 );
 

@@ -2,6 +2,7 @@
 //! rule is checked.
 
 use super::RetrySpec;
+use crate::concurrency::{RunLimit, TaskLimit};
 use crate::priority::Priority;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -44,6 +45,9 @@ pub struct TaskDocument {
     /// Its dispatch priority, over the run's (docs/design/priorities.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<Priority>,
+    /// Its concurrency limit (docs/design/concurrency.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<TaskLimit>,
 }
 
 /// A definition document as written (after the shape check).
@@ -60,6 +64,9 @@ pub struct WorkflowDocument {
     /// Workflow-wide defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub defaults: Option<Defaults>,
+    /// Run-level concurrency limits (docs/design/concurrency.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub concurrency: Vec<RunLimit>,
     /// Forward tasks and compensators, in declaration order.
     pub tasks: Vec<TaskDocument>,
 }

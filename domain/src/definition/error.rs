@@ -92,6 +92,15 @@ pub enum DefinitionError {
         /// The first compensator.
         first: String,
     },
+    /// A concurrency limit that cannot work: a key that is not a JSONPath,
+    /// one declared twice, or a limit on a compensator.
+    #[error("{}concurrency: {problem}", task.as_ref().map(|t| format!("task '{t}': ")).unwrap_or_default())]
+    InvalidConcurrency {
+        /// The task (`None`: the workflow's limits).
+        task: Option<String>,
+        /// What is wrong.
+        problem: String,
+    },
     /// No forward task at all (only compensators).
     #[error("a workflow needs at least one task that is not a compensation task")]
     NoForwardTasks,
@@ -102,7 +111,7 @@ impl DefinitionError {
     pub fn task(&self) -> Option<&str> {
         match self {
             Self::BlankName | Self::InvalidVersion | Self::BlankKey { .. } | Self::NoForwardTasks => None,
-            Self::InvalidSetting { task, .. } => task.as_deref(),
+            Self::InvalidSetting { task, .. } | Self::InvalidConcurrency { task, .. } => task.as_deref(),
             Self::Graph(g) => Some(g.task()),
             Self::BlankTaskType { task }
             | Self::InvalidConfig { task, .. }

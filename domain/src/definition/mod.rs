@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use crate::concurrency::RunLimit;
 use crate::graph::{DependencyGraph, GraphError};
 
 mod document;
@@ -43,6 +44,7 @@ pub struct WorkflowDefinition {
     version: u32,
     description: String,
     defaults: Defaults,
+    concurrency: Vec<RunLimit>,
     tasks: Vec<TaskDefinition>,
     by_key: HashMap<String, usize>,
     graph: DependencyGraph,
@@ -124,11 +126,29 @@ impl WorkflowDefinition {
         if !errors.is_empty() {
             return Err(DefinitionErrors(errors));
         }
+        let mut seen = std::collections::HashSet::new();
+        for limit in &doc.concurrency {
+            let problem = if let Err(problem) = crate::concurrency::check_key(&limit.key) {
+                problem
+            } else if !seen.insert(limit.key.as_str()) {
+                format!("the key '{}' is limited twice", limit.key)
+            } else {
+                continue;
+            };
+            errors.push(LocatedError {
+                index: None,
+                error: DefinitionError::InvalidConcurrency { task: None, problem },
+            });
+        }
+        if !errors.is_empty() {
+            return Err(DefinitionErrors(errors));
+        }
         Self::new(
             doc.name,
             doc.version,
             doc.description.unwrap_or_default(),
             doc.defaults.unwrap_or_default(),
+            doc.concurrency,
             tasks,
         )
     }
@@ -140,6 +160,7 @@ impl WorkflowDefinition {
         version: u32,
         description: String,
         defaults: Defaults,
+        concurrency: Vec<RunLimit>,
         tasks: Vec<TaskDefinition>,
     ) -> Result<Self, DefinitionErrors> {
         let mut errors = Vec::new();
@@ -255,6 +276,7 @@ impl WorkflowDefinition {
             version,
             description,
             defaults,
+            concurrency,
             tasks,
             by_key,
             graph,
@@ -277,6 +299,10 @@ impl WorkflowDefinition {
     /// Its defaults as written.
     pub fn defaults(&self) -> &Defaults {
         &self.defaults
+    }
+    /// Its run-level concurrency limits (docs/design/concurrency.md).
+    pub fn concurrency(&self) -> &[RunLimit] {
+        &self.concurrency
     }
     /// Every task, forward and compensators, in declaration order.
     pub fn tasks(&self) -> &[TaskDefinition] {
@@ -329,6 +355,7 @@ impl WorkflowDefinition {
             version: self.version,
             description: (!self.description.is_empty()).then(|| self.description.clone()),
             defaults: (self.defaults != Defaults::default()).then(|| self.defaults.clone()),
+            concurrency: self.concurrency.clone(),
             tasks: self.tasks.iter().map(|t| t.doc.clone()).collect(),
         }
     }

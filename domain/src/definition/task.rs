@@ -3,6 +3,7 @@
 use serde_json::{Map, Value};
 
 use super::{DefinitionError, MAX_ATTEMPTS, MAX_BACKOFF, MAX_NESTING, MAX_SECONDS, RetrySpec, TaskDocument};
+use crate::concurrency::{self, TaskLimit};
 use crate::graph::GraphError;
 use crate::priority::Priority;
 
@@ -56,6 +57,20 @@ impl TaskDefinition {
                 Map::new()
             }
         };
+        if let Some(limit) = &doc.concurrency {
+            if doc.compensate_for.is_some() {
+                errors.push(DefinitionError::InvalidConcurrency {
+                    task: Some(task.clone()),
+                    problem: "a compensation task cannot declare concurrency: a rollback never waits".to_owned(),
+                });
+            }
+            if let Err(problem) = concurrency::check_key(&limit.key) {
+                errors.push(DefinitionError::InvalidConcurrency {
+                    task: Some(task.clone()),
+                    problem,
+                });
+            }
+        }
         let place = format!("task '{task}'");
         check_settings(
             Some(&task),
@@ -82,6 +97,7 @@ impl TaskDefinition {
             retry: None,
             compensate_for: None,
             priority: None,
+            concurrency: None,
         })
     }
 
@@ -116,6 +132,11 @@ impl TaskDefinition {
     /// Its own priority, when the definition gives one.
     pub fn priority(&self) -> Option<Priority> {
         self.doc.priority
+    }
+
+    /// Its concurrency limit, when the definition gives one.
+    pub fn concurrency(&self) -> Option<&TaskLimit> {
+        self.doc.concurrency.as_ref()
     }
     /// Whether it is a compensator (outside the forward DAG).
     pub fn is_compensator(&self) -> bool {

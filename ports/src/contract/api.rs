@@ -14,7 +14,7 @@ use crate::clock::Clock;
 use crate::ids::RunId;
 use crate::store::{
     DefinitionStore, Gauges, IdempotencyKey, KeyedStart, NewToken, OutboxStore, OutboxSweep, RunCursor, RunPass,
-    RunQuery, RunStore, RunSummary, Scope, TokenError, TokenStatus, TokenStore,
+    RunQuery, RunStore, RunSummary, Scope, StartOptions, TokenError, TokenStatus, TokenStore,
 };
 
 use super::*;
@@ -136,7 +136,7 @@ pub async fn keyed_starts_replay_the_first_run<F: StoreFactory>(factory: &F) {
     let (s, _) = fresh(factory).await;
     let p = publish(&s, chain()).await;
     let first = match s
-        .start_run_keyed(p.id, json!({"n": 1}), Priority::DEFAULT, &key("k1", "h1"))
+        .start_run_keyed(p.id, json!({"n": 1}), &StartOptions::default(), &key("k1", "h1"))
         .await
         .expect("keyed start")
     {
@@ -144,13 +144,13 @@ pub async fn keyed_starts_replay_the_first_run<F: StoreFactory>(factory: &F) {
         other => panic!("a new key starts a run, got {other:?}"),
     };
     assert_eq!(
-        s.start_run_keyed(p.id, json!({"n": 1}), Priority::DEFAULT, &key("k1", "h1"))
+        s.start_run_keyed(p.id, json!({"n": 1}), &StartOptions::default(), &key("k1", "h1"))
             .await
             .expect("keyed start"),
         KeyedStart::Replayed(first)
     );
     assert_eq!(
-        s.start_run_keyed(p.id, json!({"n": 2}), Priority::DEFAULT, &key("k1", "h2"))
+        s.start_run_keyed(p.id, json!({"n": 2}), &StartOptions::default(), &key("k1", "h2"))
             .await
             .expect("keyed start"),
         KeyedStart::Reused(first)
@@ -165,19 +165,19 @@ pub async fn keyed_starts_replay_the_first_run<F: StoreFactory>(factory: &F) {
     assert_eq!(detail.tasks.len(), 3, "a keyed run is a run like any other");
 
     let second = s
-        .start_run_keyed(p.id, json!({"n": 1}), Priority::DEFAULT, &key("k2", "h1"))
+        .start_run_keyed(p.id, json!({"n": 1}), &StartOptions::default(), &key("k2", "h1"))
         .await
         .expect("keyed start");
     assert!(matches!(second, KeyedStart::Started(run) if run != first));
     // A failed start records no key: the key stays free for a good request.
     let missing = crate::ids::WorkflowId(p.id.0 + 1_000);
     assert!(
-        s.start_run_keyed(missing, json!({}), Priority::DEFAULT, &key("k3", "h1"))
+        s.start_run_keyed(missing, json!({}), &StartOptions::default(), &key("k3", "h1"))
             .await
             .is_err()
     );
     assert!(matches!(
-        s.start_run_keyed(p.id, json!({}), Priority::DEFAULT, &key("k3", "h1"))
+        s.start_run_keyed(p.id, json!({}), &StartOptions::default(), &key("k3", "h1"))
             .await
             .expect("keyed start"),
         KeyedStart::Started(_)
@@ -197,7 +197,7 @@ pub async fn concurrent_keyed_starts_start_one_run<F: StoreFactory>(factory: &F)
         let (s, barrier) = (s.clone(), barrier.clone());
         calls.push(tokio::spawn(async move {
             barrier.wait().await;
-            s.start_run_keyed(p.id, json!({}), Priority::DEFAULT, &key("once", "h"))
+            s.start_run_keyed(p.id, json!({}), &StartOptions::default(), &key("once", "h"))
                 .await
         }));
     }

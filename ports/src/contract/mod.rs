@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use flowforge_domain::{Priority, TaskRunState, WorkflowDefinition, WorkflowDocument};
+use flowforge_domain::{TaskRunState, WorkflowDefinition, WorkflowDocument};
 use serde_json::{Value, json};
 
 use crate::clock::ManualClock;
@@ -126,6 +126,9 @@ macro_rules! store_contract_tests {
             a_later_rollback_reruns_the_compensators_of_its_generation,
             a_sweep_serves_the_highest_priority_first_and_fifo_within_one,
             a_task_keeps_its_own_priority_over_its_runs,
+            gates_hold_back_what_they_guard_until_a_slot_is_free,
+            a_task_gate_is_due_once_only_it_holds_the_task_back,
+            racing_passes_never_hold_more_slots_than_the_pool_has,
             waiting_work_ages_ahead_of_later_urgent_work,
         );
     };
@@ -146,6 +149,7 @@ const WAKE: Duration = Duration::from_secs(5);
 
 mod api;
 mod claims;
+mod concurrency;
 mod definitions;
 mod finishing;
 mod generic;
@@ -163,6 +167,7 @@ mod retry;
 
 pub use api::*;
 pub use claims::*;
+pub use concurrency::*;
 pub use definitions::*;
 pub use finishing::*;
 pub use generic::*;

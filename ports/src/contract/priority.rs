@@ -4,12 +4,19 @@
 use flowforge_domain::Priority;
 use serde_json::json;
 
-use crate::store::{DefinitionStore, OutboxSweep, RunStore, Scope};
+use crate::store::{DefinitionStore, OutboxSweep, RunStore, Scope, StartOptions};
 
 use super::*;
 
 fn at(p: u8) -> Priority {
     Priority::new(i64::from(p)).expect("on the scale")
+}
+
+fn starting_at(p: u8) -> StartOptions {
+    StartOptions {
+        priority: at(p),
+        gates: Vec::new(),
+    }
 }
 
 /// The run ids and priorities of a sweep, in its order.
@@ -39,7 +46,7 @@ pub async fn a_sweep_serves_the_highest_priority_first_and_fifo_within_one<F: St
     let mut runs = Vec::new();
     for priority in [1, 9, 5, 9, 1] {
         runs.push(
-            s.start_run_with_priority(p.id, json!({}), at(priority))
+            s.start_run_with(p.id, json!({}), &starting_at(priority))
                 .await
                 .expect("start"),
         );
@@ -82,7 +89,7 @@ pub async fn a_task_keeps_its_own_priority_over_its_runs<F: StoreFactory>(factor
         Some(at(8)),
         "a stored definition keeps its tasks' priorities"
     );
-    let run = s.start_run_with_priority(p.id, json!({}), at(2)).await.expect("start");
+    let run = s.start_run_with(p.id, json!({}), &starting_at(2)).await.expect("start");
     let first: Vec<(String, u8)> = unpublished(&s, Scope::Run(run))
         .await
         .iter()
@@ -121,9 +128,9 @@ pub async fn waiting_work_ages_ahead_of_later_urgent_work<F: StoreFactory>(facto
         json!({"name": "one", "version": 1, "tasks": [{"key": "t", "task_type": "noop"}]}),
     )
     .await;
-    let old = s.start_run_with_priority(p.id, json!({}), at(0)).await.expect("start");
+    let old = s.start_run_with(p.id, json!({}), &starting_at(0)).await.expect("start");
     clock.advance(Duration::from_secs(600));
-    let new = s.start_run_with_priority(p.id, json!({}), at(9)).await.expect("start");
+    let new = s.start_run_with(p.id, json!({}), &starting_at(9)).await.expect("start");
     // Ten minutes apart: with a level per five minutes the nine levels
     // between them outweigh the wait; with a level per minute they do not.
     assert_eq!(swept(&s, Duration::from_secs(300)).await, [(new, 9), (old, 0)]);

@@ -18,9 +18,10 @@ pub use error::{
 };
 pub use tokens::{NewToken, TokenError, TokenStatus, TokenStore, TokenView};
 pub use values::{
-    Activity, CancelOutcome, Claim, DefinitionSummary, EventView, FinishResult, Gauges, IdempotencyKey, KeyedStart,
-    LeaseStatus, LockedRun, PassTask, Published, Reaped, RunCursor, RunDetail, RunQuery, RunSet, RunSummary, Scope,
-    TaskInputs, TaskOutcome, TaskRunView, WorkerInfo, WorkerRegistration,
+    Activity, CancelOutcome, Claim, DefinitionSummary, EventView, FinishResult, GateCheck, Gauges, IdempotencyKey,
+    KeyedStart, LeaseStatus, LockedRun, PassTask, Published, Reaped, RunCursor, RunDetail, RunQuery, RunSet,
+    RunSummary, Scope, StartOptions, TaskInputs, TaskOutcome, TaskRunView, Wait, WorkerInfo, WorkerRegistration,
+    mark_blocked,
 };
 
 use std::collections::BTreeSet;
@@ -29,7 +30,7 @@ use std::time::Duration;
 
 use flowforge_domain::derive::TaskTally;
 use flowforge_domain::retry::Reset;
-use flowforge_domain::{CancelReason, Priority, RunState, RunTransition, TaskRunState, WorkflowDefinition};
+use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, WorkflowDefinition};
 use serde_json::Value;
 
 use crate::ids::{DispatchId, RunId, TaskRunId, WorkerId, WorkflowId};
@@ -117,17 +118,24 @@ pub trait RunStore: Send + Sync + 'static {
     /// [`Error::Refused`] naming where, before anything is written (sizes
     /// are the caller's policy, checked before this call).
     fn start_run(&self, workflow: WorkflowId, input: Value) -> impl Future<Output = Result<RunId, Error>> + Send {
-        self.start_run_with_priority(workflow, input, Priority::DEFAULT)
+        async move { self.start_run_with(workflow, input, &StartOptions::default()).await }
     }
 
-    /// Starts a run as [`RunStore::start_run`] does, at `priority`: each
-    /// task run takes its task's priority when the definition gives one,
-    /// else this, and its dispatches carry it (docs/design/priorities.md).
-    fn start_run_with_priority(
+    /// Starts a run as [`RunStore::start_run`] does, with `options`:
+    ///
+    /// - each task run takes its task's priority when the definition gives
+    ///   one, else `options.priority`, and its dispatches carry it
+    ///   (docs/design/priorities.md);
+    /// - each gate is written as a wait, and what it holds back stays
+    ///   pending, counting the gate as one more dependency: a run gate
+    ///   holds back the tasks without dependencies, a task gate its task
+    ///   (docs/design/concurrency.md#gates). A run with gates is flagged
+    ///   for a pass, whose scheduler tries them.
+    fn start_run_with(
         &self,
         workflow: WorkflowId,
         input: Value,
-        priority: Priority,
+        options: &StartOptions,
     ) -> impl Future<Output = Result<RunId, Error>> + Send;
 
     /// Requests cancellation (docs/design/cancellation.md#cancel-requests):
@@ -320,7 +328,7 @@ pub trait RunStore: Send + Sync + 'static {
         &self,
         workflow: WorkflowId,
         input: Value,
-        priority: Priority,
+        options: &StartOptions,
         key: &IdempotencyKey,
     ) -> impl Future<Output = Result<KeyedStart, Error>> + Send;
 
@@ -431,6 +439,43 @@ pub trait RunPass: Send + 'static {
         key: &str,
         compensate_for: &str,
     ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// The gates this run waits at that are due
+    /// (docs/design/concurrency.md#gates): the run's own while it has not
+    /// passed them, and a task's once only its gate is left (its
+    /// dependencies all succeeded). Run gates first, then by task.
+    fn waits(&mut self) -> impl Future<Output = Result<Vec<Wait>, Error>> + Send;
+
+    /// Passes every gate of one holder (`task`, or the run itself when
+    /// `None`) at once or none: takes a slot of each pool, lowest free
+    /// number below the pool's size, and removes the waits. The slots'
+    /// primary key keeps any pool within its size whatever races; a slot
+    /// lost to a concurrent holder is looked for again while the pool
+    /// has room. On [`GateCheck::Passed`] the caller lowers the held-back
+    /// tasks' counts as for a satisfied dependency.
+    fn pass_gates(&mut self, task: Option<&str>) -> impl Future<Output = Result<GateCheck, Error>> + Send;
+
+    /// Records that the run met a full pool at its own gates, so its
+    /// strategy acts once.
+    fn mark_gates_tried(&mut self) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// For `cancel_in_progress`: requests the cancel of the run holding a
+    /// slot of `scope` for longest whose cancel has not been requested,
+    /// with reason `concurrency_limit` (its rollback then runs), and
+    /// returns it. The commit wakes the schedulers.
+    fn cancel_oldest_holder(&mut self, scope: &str) -> impl Future<Output = Result<Option<RunId>, Error>> + Send;
+
+    /// For `cancel_newest`: records this run's cancel request with reason
+    /// `concurrency_limit`; the pass then cancels what waits, as for a
+    /// user's request.
+    fn cancel_for_limit(&mut self) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Lets go of the slots held by this run's tasks that have finished
+    /// (succeeded, failed for good, cancelled) and, when `settled`, of
+    /// every slot and wait of the run. Returns how many slots were let
+    /// go; when any were, the commit wakes the schedulers, whose runs
+    /// may be waiting for them.
+    fn release_slots(&mut self, settled: bool) -> impl Future<Output = Result<usize, Error>> + Send;
 
     /// Applies a WorkflowRun edge, conditional on the run's stored state,
     /// recording it in the run's history. Illegal edges are refused before

@@ -6,6 +6,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use flowforge_domain::concurrency::{Gate, Strategy};
 use flowforge_domain::limits::{self, Refusal, ValueKind};
 use flowforge_domain::{CancelReason, Priority, RunState, TaskRunState, TaskTransition, WorkflowDefinition};
 use serde_json::{Map, Value};
@@ -283,6 +284,13 @@ pub struct LockedRun {
     pub state: RunState,
     /// Whether a cancel was requested.
     pub cancel_requested: bool,
+    /// Whether the run has concurrency gates
+    /// (docs/design/concurrency.md): only then does a pass ask about them.
+    pub gated: bool,
+    /// Whether a concurrency limit cancelled it: such a cancel rolls back
+    /// what succeeded, where a user's does not
+    /// (docs/design/concurrency.md#strategies).
+    pub limit_cancelled: bool,
     /// How long since the run was created, in store time when the pass
     /// began: a run the pass settles took this long end to end.
     pub age: std::time::Duration,
@@ -303,6 +311,9 @@ pub struct RunSummary {
     pub state: RunState,
     /// Whether a cancel was requested.
     pub cancel_requested: bool,
+    /// Why it was cancelled when no user asked: `concurrency_limit`
+    /// (docs/design/concurrency.md#strategies).
+    pub cancel_reason: Option<String>,
     /// 1, plus one per operator retry (docs/design/retry.md).
     pub generation: u32,
     /// The priority it was started at (docs/design/priorities.md).
@@ -334,6 +345,10 @@ pub struct TaskRunView {
     pub token: i64,
     /// Its dispatch priority (docs/design/priorities.md).
     pub priority: Priority,
+    /// What a pending task waits for besides its dependencies:
+    /// `concurrency:<key>` while its run's or its own concurrency limit
+    /// holds it back (docs/design/concurrency.md#blocked-by).
+    pub blocked_by: Option<String>,
     /// Why it was cancelled.
     pub cancel_reason: Option<CancelReason>,
     /// Output, once succeeded.
@@ -460,6 +475,58 @@ pub struct IdempotencyKey {
     /// A digest of the request it came with: the same key with another
     /// request is the client's mistake, not a retry.
     pub request_hash: String,
+}
+
+/// How a run starts: its priority and the concurrency gates its input
+/// resolved to ([`flowforge_domain::concurrency::resolve`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StartOptions {
+    /// Its priority (docs/design/priorities.md).
+    pub priority: Priority,
+    /// Its gates (docs/design/concurrency.md).
+    pub gates: Vec<Gate>,
+}
+
+/// A gate a run or one of its tasks is waiting at
+/// (docs/design/concurrency.md#gates).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wait {
+    /// The task it holds back (`None`: the whole run).
+    pub task: Option<String>,
+    /// The slot pool.
+    pub scope: String,
+    /// The key's value, as `blocked_by` shows it.
+    pub label: String,
+    /// The pool's size.
+    pub max: u32,
+    /// What the run does when the pool is full.
+    pub strategy: Strategy,
+    /// Whether the run has met the full pool once already.
+    pub tried: bool,
+}
+
+/// What [`RunPass::pass_gates`](super::RunPass::pass_gates) found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateCheck {
+    /// Every pool gave a slot; the waits are gone.
+    Passed,
+    /// This pool (its scope) had no room; nothing was taken.
+    Full(String),
+}
+
+/// Marks what each pending forward task of a run waits for besides its
+/// dependencies, from the run's due [`Wait`]s: every one while the run
+/// waits at its own gate (nothing of it runs before), else each task at
+/// its own (docs/design/concurrency.md#blocked-by).
+pub fn mark_blocked(tasks: &mut [TaskRunView], waits: &[Wait]) {
+    let run_gate = waits.iter().find(|w| w.task.is_none());
+    for task in tasks
+        .iter_mut()
+        .filter(|t| t.state == TaskRunState::Pending && t.compensate_for.is_none())
+    {
+        let gate = run_gate.or_else(|| waits.iter().find(|w| w.task.as_deref() == Some(task.key.as_str())));
+        task.blocked_by = gate.map(|w| Gate::blocked_by(&w.label));
+    }
 }
 
 /// What [`RunStore::start_run_keyed`](super::RunStore::start_run_keyed) did.
