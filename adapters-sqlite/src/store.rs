@@ -72,7 +72,7 @@ const WAL_SIZE_LIMIT: &str = "67108864";
 /// the values bound it stops binding the statement, leaving its later
 /// `?NNN` NULL. Padding keeps every slot in range (`tests::padding_covers_every_call`
 /// checks each multi-statement SQL needs fewer).
-pub(crate) const PAD: usize = 8;
+pub(crate) const PAD: usize = 16;
 
 /// A query as the store builds it: SQL text is always a `'static` constant,
 /// values are always bound.

@@ -179,6 +179,7 @@ pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
         ("create_compensator", CREATE_COMPENSATOR),
         ("rearm_compensator", REARM_COMPENSATOR),
         ("transition_run", TRANSITION_RUN),
+        ("release slots", RELEASE_SLOTS),
         ("commit restoring", COMMIT_RESTORING),
         ("mark published", MARK_PUBLISHED),
         ("register worker", REGISTER_WORKER),

@@ -9,6 +9,7 @@
 
 mod cancellation;
 mod compensation;
+mod concurrency;
 mod hooks;
 mod leases;
 mod outputs;
