@@ -438,6 +438,32 @@ fn an_invalid_definition_exits_2_with_the_error_kind_and_path() {
 }
 
 #[test]
+fn a_concurrency_key_the_input_lacks_exits_2_naming_the_limit() {
+    let w = Workdir::new();
+    let def = w.json(
+        "limited.json",
+        &json!({"name": "limited", "version": 1,
+                "concurrency": [{"key": "$.site", "max": 1}],
+                "tasks": [{"key": "show", "task_type": "echo"}]}),
+    );
+    let out = w.run(["run".as_ref(), def.as_os_str(), "--input".as_ref(), "{}".as_ref()]);
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("$.concurrency[0]"), "{out:?}");
+    let input = json!({"site": "eu"});
+    let out = w.run([
+        "run".as_ref(),
+        def.as_os_str(),
+        "--input".as_ref(),
+        input.to_string().as_ref(),
+        "--output".as_ref(),
+        "json".as_ref(),
+    ]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let report = assert_schema_valid(SCHEMA, &out.stdout);
+    assert_eq!(report["state"], "succeeded");
+}
+
+#[test]
 fn an_invalid_input_or_flag_exits_2() {
     let w = Workdir::new();
     let def = w.json("echo.json", &echo_definition("bad-input"));

@@ -16,6 +16,7 @@
 //! `flowforge` processes.
 
 pub(crate) mod cluster;
+mod concurrency;
 mod containers;
 mod end_to_end;
 mod failures;

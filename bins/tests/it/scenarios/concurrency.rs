@@ -19,7 +19,7 @@ use super::{Counter, EmbeddedBuilder, Scenario, scenario, within};
 /// The most intervals open at once, from `(start, end)` pairs of store
 /// time; at equal times an end comes first, since a slot is let go in the
 /// transaction that ends its holder, before the next holder can start.
-fn most_at_once(intervals: &[(i64, i64)]) -> usize {
+pub(crate) fn most_at_once(intervals: &[(i64, i64)]) -> usize {
     let mut points: Vec<(i64, i32)> = intervals.iter().flat_map(|&(s, e)| [(s, 1), (e, -1)]).collect();
     points.sort_unstable();
     let (mut open, mut most) = (0i32, 0i32);
@@ -32,7 +32,7 @@ fn most_at_once(intervals: &[(i64, i64)]) -> usize {
 
 /// When `detail`'s run started and when it ended (microseconds), from its
 /// own history.
-fn run_interval(detail: &RunDetail) -> (i64, i64) {
+pub(crate) fn run_interval(detail: &RunDetail) -> (i64, i64) {
     let at = |names: &[&str]| {
         detail
             .events

@@ -9,7 +9,7 @@
 
 mod cancellation;
 mod compensation;
-mod concurrency;
+pub(crate) mod concurrency;
 mod hooks;
 mod leases;
 mod outputs;

@@ -363,3 +363,28 @@ on_both!(a_compensated_run_is_retried_from_named_tasks_over_the_api, &[], |api| 
         .expect("ship");
     assert_eq!(ship["output"], json!({"attempts": 3}));
 });
+
+on_both!(a_concurrency_key_the_input_lacks_refuses_the_start, &[], |api| {
+    api.publish(&json!({"name": "limited", "version": 1,
+        "concurrency": [{"key": "$.site", "max": 1}],
+        "tasks": [{"key": "a", "task_type": "noop"}]}))
+        .await;
+    let response = api
+        .post(
+            "/api/v1/runs",
+            &json!({"workflow": "limited", "input": {"region": "eu"}}),
+        )
+        .send()
+        .await
+        .expect("answers");
+    let problem = json_of(response, 422).await;
+    assert_eq!(problem["code"], "concurrency_key_unresolved", "{problem:#}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("$.concurrency[0]")),
+        "{problem:#}"
+    );
+    let id = api.start_run("limited", json!({"site": "eu"})).await;
+    assert_eq!(api.wait_run(&id).await["state"], "succeeded");
+});
