@@ -23,7 +23,7 @@ use crate::observers::Observers;
 use crate::publisher::{OutboxPublisher, PublisherConfig};
 use crate::registry::{HandlerRegistry, panic_message};
 use crate::report::RunReport;
-use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::scheduler::{CancelHook, Scheduler, SchedulerConfig};
 use crate::service::{Service, TaskTypes};
 use crate::worker::{Worker, WorkerConfig};
 
@@ -324,6 +324,12 @@ where
             SchedulerConfig {
                 scope,
                 nudge,
+                on_limit_cancel: Some(CancelHook::new({
+                    let worker = Arc::clone(&self.worker);
+                    move |run| {
+                        worker.cancel_run_locally(run);
+                    }
+                })),
                 ..SchedulerConfig::default()
             },
         )

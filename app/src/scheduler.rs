@@ -67,6 +67,10 @@ pub struct SchedulerConfig {
     /// Wakes the loop like a store notification does (see
     /// [`Scope::Runs`]: its owner pokes it after adding a run).
     pub nudge: Option<Arc<Notify>>,
+    /// Told of each run a concurrency limit cancelled, once the request
+    /// is committed, so an engine running its handlers in this process
+    /// stops them at once instead of at their next heartbeat.
+    pub on_limit_cancel: Option<CancelHook>,
 }
 
 impl Default for SchedulerConfig {
@@ -76,7 +80,26 @@ impl Default for SchedulerConfig {
             batch: 500,
             safety_net: Duration::from_secs(30),
             nudge: None,
+            on_limit_cancel: None,
         }
+    }
+}
+
+/// A callback for runs a concurrency limit cancelled
+/// (docs/design/concurrency.md#strategies).
+#[derive(Clone)]
+pub struct CancelHook(Arc<dyn Fn(RunId) + Send + Sync>);
+
+impl CancelHook {
+    /// A hook calling `f`.
+    pub fn new(f: impl Fn(RunId) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for CancelHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CancelHook")
     }
 }
 
@@ -242,6 +265,7 @@ impl<S: Store> Scheduler<S> {
             }
             outcome.dispatched += pass.promote_due_retries().await?.len();
         }
+        let mut victim = None;
         if header.gated {
             // Slots of finished tasks first, so a sibling may take them
             // in this very pass (docs/design/concurrency.md#gates).
@@ -249,7 +273,8 @@ impl<S: Store> Scheduler<S> {
             if !pass.run().cancel_requested {
                 let admitted = admit(&mut pass, def).await?;
                 outcome.dispatched += admitted.dispatched;
-                if let Some(victim) = admitted.cancelled_holder {
+                victim = admitted.cancelled_holder;
+                if let Some(victim) = victim {
                     tracing::info!(run_id = %run, cancelled = %victim, "concurrency limit: the oldest holder is cancelled");
                 }
                 if pass.run().cancel_requested {
@@ -313,6 +338,9 @@ impl<S: Store> Scheduler<S> {
             pass.release_slots(true).await?;
         }
         pass.commit().await?;
+        if let (Some(victim), Some(hook)) = (victim, &self.config.on_limit_cancel) {
+            (hook.0)(victim);
+        }
 
         if let Verdict::Settled(state) = verdict
             && !edges.is_empty()

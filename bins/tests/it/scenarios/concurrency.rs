@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use flowforge::{Error, HandlerError, RunState, TaskContext};
 use flowforge_domain::TaskRunState;
@@ -149,10 +148,9 @@ struct Holder {
 impl Holder {
     fn register(&self, b: EmbeddedBuilder) -> EmbeddedBuilder {
         let (me, undo) = (self.clone(), self.undone.clone());
-        // A cancel that no user asked for reaches a running handler at its
-        // next heartbeat (a third of the lease), as on a remote worker.
+        // The lease stays long (300 s): a limit's cancel must stop the
+        // older run's handler at once, not at its next heartbeat.
         b.concurrency(4)
-            .lease(Duration::from_secs(3))
             .handler_fn("hold", move |ctx: TaskContext| {
                 let me = me.clone();
                 async move {
