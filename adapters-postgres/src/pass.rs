@@ -447,15 +447,33 @@ impl RunPass for PgRunPass {
 
     async fn cancel_oldest_holder(&mut self, scope: &str) -> Result<Option<RunId>, store::Error> {
         let offset = self.store.offset();
-        let run: Option<Uuid> = sqlx::query_scalar(queries::CANCEL_OLDEST_HOLDER)
-            .bind(offset)
-            .bind(self.run.id.0)
-            .bind(scope)
-            .fetch_optional(self.conn()?)
-            .await
-            .map_err(store_error)?;
-        self.released |= run.is_some();
-        Ok(run.map(RunId))
+        // A concurrent waiter may pick the same victim first: the UPDATE
+        // then re-checks and changes nothing, and the next statement's
+        // snapshot sees the next holder. Each miss is a holder cancelled
+        // meanwhile; the bound only guards against a bug looping forever.
+        for _ in 0..64 {
+            let run: Option<Uuid> = sqlx::query_scalar(queries::CANCEL_OLDEST_HOLDER)
+                .bind(offset)
+                .bind(self.run.id.0)
+                .bind(scope)
+                .fetch_optional(self.conn()?)
+                .await
+                .map_err(store_error)?;
+            if let Some(run) = run {
+                self.released = true;
+                return Ok(Some(RunId(run)));
+            }
+            let candidate: bool = sqlx::query_scalar(queries::HOLDER_TO_CANCEL)
+                .bind(self.run.id.0)
+                .bind(scope)
+                .fetch_one(self.conn()?)
+                .await
+                .map_err(store_error)?;
+            if !candidate {
+                return Ok(None);
+            }
+        }
+        Ok(None)
     }
 
     async fn cancel_for_limit(&mut self) -> Result<(), store::Error> {

@@ -328,13 +328,16 @@ impl<S: Store> Scheduler<S> {
         // Store it along legal edges only
         // (docs/design/state-machines.md#deriving-the-run-state).
         let edges = plan::run_edges(header.state, verdict, tally.any_started);
+        let mut stored = true;
         for edge in edges {
             if !pass.transition_run(*edge).await? {
                 tracing::warn!(run_id = %run, %edge, "run transition lost a race; the next pass will re-derive");
+                stored = false;
                 break;
             }
         }
-        if header.gated && matches!(verdict, Verdict::Settled(_)) && !edges.is_empty() {
+        // A run lets go of its slots only once it is stored as settled.
+        if header.gated && stored && matches!(verdict, Verdict::Settled(_)) && !edges.is_empty() {
             pass.release_slots(true).await?;
         }
         pass.commit().await?;

@@ -106,6 +106,21 @@ pub fn stored_limits(document: &Value) -> Result<(Vec<RunLimit>, BTreeMap<String
     Ok((run, tasks))
 }
 
+/// The most run-level limits a definition may declare.
+pub const MAX_RUN_LIMITS: usize = 16;
+/// The largest pool a limit may ask for.
+pub const MAX_POOL: u32 = 10_000;
+
+/// Why a limit cannot work: a key that is not a JSONPath, or a size off
+/// 1..=[`MAX_POOL`] (the schema says the same; this holds for documents
+/// built without it).
+pub fn check_limit(key: &str, max: u32) -> Result<(), String> {
+    if !(1..=MAX_POOL).contains(&max) {
+        return Err(format!("max must be 1 to {MAX_POOL}, not {max}"));
+    }
+    check_key(key)
+}
+
 /// Why a limit's key is not a usable JSONPath.
 pub fn check_key(key: &str) -> Result<(), String> {
     JsonPath::parse(key)
@@ -270,6 +285,24 @@ mod tests {
         )
         .expect_err("invalid");
         assert!(e.to_string().contains("$.concurrency[0].key"), "{e}");
+    }
+
+    #[test]
+    fn limits_built_without_the_schema_are_checked_too() {
+        use crate::definition::WorkflowDocument;
+        let doc = |concurrency: Value| -> WorkflowDocument {
+            serde_json::from_value(json!({"name": "w", "version": 1, "concurrency": concurrency,
+                                          "tasks": [{"key": "a", "task_type": "noop"}]}))
+            .expect("a document")
+        };
+        let e = WorkflowDefinition::from_document(doc(json!([{"key": "$.k", "max": 0}]))).expect_err("max 0");
+        assert!(e.to_string().contains("max must be 1 to 10000"), "{e}");
+        let many: Vec<Value> = (0..17).map(|i| json!({"key": format!("$.k{i}"), "max": 1})).collect();
+        let e = WorkflowDefinition::from_document(doc(Value::Array(many))).expect_err("17 limits");
+        assert!(e.to_string().contains("at most 16 limits"), "{e}");
+        let e = WorkflowDefinition::from_document(doc(json!([{"key": "$.k", "max": 1}, {"key": "$.k", "max": 2}])))
+            .expect_err("twice");
+        assert!(e.to_string().contains("limited twice"), "{e}");
     }
 
     proptest! {

@@ -343,11 +343,20 @@ pub const CANCEL_OLDEST_HOLDER: &str = concat!(
 WHERE id = (
     SELECT s.run_id FROM concurrency_slot AS s JOIN workflow_run AS wr ON wr.id = s.run_id
     WHERE s.scope = $3 AND s.task_key IS NULL AND s.run_id <> $2 AND wr.cancel_requested_at IS NULL
+      AND wr.state IN ('pending', 'running')
     ORDER BY s.acquired_at, wr.created_at, s.run_id
     LIMIT 1
 ) AND cancel_requested_at IS NULL AND state IN ('pending', 'running')
 RETURNING id"
 );
+
+/// cancel_oldest_holder, after a miss: whether a holder of `$2` other than
+/// `$1` is still not cancel-requested.
+pub const HOLDER_TO_CANCEL: &str = "\
+SELECT EXISTS (
+    SELECT 1 FROM concurrency_slot AS s JOIN workflow_run AS wr ON wr.id = s.run_id
+    WHERE s.scope = $2 AND s.task_key IS NULL AND s.run_id <> $1 AND wr.cancel_requested_at IS NULL
+      AND wr.state IN ('pending', 'running'))";
 
 /// cancel_for_limit: the run's cancel request, with its reason. `$1`
 /// offset, `$2` run.

@@ -399,9 +399,11 @@ SELECT id FROM cancelled"
 );
 
 /// runs_with_work: runs with a flagged task run (`taskrun_needs_pass_idx`),
-/// a due retry (`taskrun_retry_due_idx`) or an unhandled cancel request
-/// (`workflowrun_needs_pass_idx`); terminal runs excluded by primary key.
-/// `$1` offset, `$2` limit, `$3` run (NULL: every run).
+/// a due retry (`taskrun_retry_due_idx`), an unhandled cancel request
+/// (`workflowrun_needs_pass_idx`) or a gate it could pass now (a scan of
+/// the waits, which only gated runs not yet settled have); terminal runs
+/// excluded by primary key. `$1` offset, `$2` limit, `$3` run (NULL: every
+/// run).
 pub const RUNS_WITH_WORK: &str = concat!(
     "SELECT wr.id FROM workflow_run AS wr
 WHERE wr.state IN ('pending', 'running') AND wr.id IN (
@@ -414,13 +416,23 @@ WHERE wr.state IN ('pending', 'running') AND wr.id IN (
     UNION
     SELECT id FROM workflow_run WHERE needs_pass AND ($3::uuid[] IS NULL OR id = ANY($3))
     UNION
-    -- Gates with room, whose holder is due (docs/design/concurrency.md#wake-ups).
-    SELECT w.run_id FROM concurrency_wait AS w
-    WHERE ($3::uuid[] IS NULL OR w.run_id = ANY($3))
-      AND (SELECT count(*) FROM concurrency_slot AS s WHERE s.scope = w.scope AND s.slot < w.max) < w.max
-      AND (w.task_key IS NULL OR EXISTS (
-          SELECT 1 FROM task_run AS tr
-          WHERE tr.run_id = w.run_id AND tr.task_key = w.task_key AND tr.state = 'pending' AND tr.pending_deps = 1))
+    -- Due waiters whose every pool has room, at most as many per pool as
+    -- it has room for, oldest first (docs/design/concurrency.md#wake-ups).
+    SELECT q.run_id FROM (
+        SELECT w.run_id, row_number() OVER (PARTITION BY w.scope ORDER BY w.id) AS place,
+               w.max - (SELECT count(*) FROM concurrency_slot AS s WHERE s.scope = w.scope AND s.slot < w.max) AS room
+        FROM concurrency_wait AS w
+        WHERE ($3::uuid[] IS NULL OR w.run_id = ANY($3))
+          AND (w.task_key IS NULL OR EXISTS (
+              SELECT 1 FROM task_run AS tr
+              WHERE tr.run_id = w.run_id AND tr.task_key = w.task_key AND tr.state = 'pending'
+                AND tr.pending_deps = 1))
+          AND NOT EXISTS (
+              SELECT 1 FROM concurrency_wait AS o
+              WHERE o.run_id = w.run_id AND o.task_key IS NOT DISTINCT FROM w.task_key
+                AND (SELECT count(*) FROM concurrency_slot AS s WHERE s.scope = o.scope AND s.slot < o.max) >= o.max)
+    ) AS q
+    WHERE q.place <= q.room
 )
 ORDER BY wr.id
 LIMIT $2"

@@ -395,6 +395,7 @@ pub(crate) const CANCEL_OLDEST_HOLDER: &str = concat!(
     ", cancel_reason = 'concurrency_limit', needs_pass = 1 \
      WHERE id = (SELECT s.run_id FROM concurrency_slot s JOIN workflow_run r ON r.id = s.run_id \
                  WHERE s.scope = ?3 AND s.task_key IS NULL AND s.run_id <> ?2 AND r.cancel_requested_at IS NULL \
+                   AND r.state IN ('pending', 'running') \
                  ORDER BY s.acquired_at, r.created_at, s.run_id LIMIT 1) \
        AND cancel_requested_at IS NULL AND state IN ('pending', 'running') RETURNING id"
 );

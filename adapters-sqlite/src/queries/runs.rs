@@ -402,7 +402,8 @@ pub(crate) const REAP: &str = concat!(
 );
 
 /// runs_with_work: flagged rows, due retries, cancel requests (their
-/// partial indexes), among the runs not yet terminal, each looked up by
+/// partial indexes), and gates passable now (a scan of the waits, which
+/// only gated runs not yet settled have), among the runs not yet terminal, each looked up by
 /// primary key. CROSS JOIN fixes that order: left to itself, SQLite walks
 /// every run ever started in `created_at` order to skip the final sort,
 /// which costs history, not work.
@@ -413,11 +414,16 @@ pub(crate) const RUNS_WITH_WORK: &str = concat!(
     now!(),
     " AND (?2 IS NULL OR run_id IN (SELECT value FROM json_each(?2))) \
              UNION SELECT id FROM workflow_run WHERE needs_pass AND (?2 IS NULL OR id IN (SELECT value FROM json_each(?2))) \
-             UNION SELECT g.run_id FROM concurrency_wait g \
-             WHERE (?2 IS NULL OR g.run_id IN (SELECT value FROM json_each(?2))) \
-               AND (SELECT count(*) FROM concurrency_slot s WHERE s.scope = g.scope AND s.slot < g.max) < g.max \
-               AND (g.task_key IS NULL OR EXISTS (SELECT 1 FROM task_run tr WHERE tr.run_id = g.run_id \
-                    AND tr.task_key = g.task_key AND tr.state = 'pending' AND tr.pending_deps = 1))\
+             UNION SELECT q.run_id FROM (\
+                 SELECT g.run_id, row_number() OVER (PARTITION BY g.scope ORDER BY g.id) AS place, \
+                        g.max - (SELECT count(*) FROM concurrency_slot s WHERE s.scope = g.scope AND s.slot < g.max) AS room \
+                 FROM concurrency_wait g \
+                 WHERE (?2 IS NULL OR g.run_id IN (SELECT value FROM json_each(?2))) \
+                   AND (g.task_key IS NULL OR EXISTS (SELECT 1 FROM task_run tr WHERE tr.run_id = g.run_id \
+                        AND tr.task_key = g.task_key AND tr.state = 'pending' AND tr.pending_deps = 1)) \
+                   AND NOT EXISTS (SELECT 1 FROM concurrency_wait o WHERE o.run_id = g.run_id AND o.task_key IS g.task_key \
+                        AND (SELECT count(*) FROM concurrency_slot s WHERE s.scope = o.scope AND s.slot < o.max) >= o.max)\
+             ) AS q WHERE q.place <= q.room \
              ) AS w CROSS JOIN workflow_run r ON r.id = w.run_id \
              WHERE r.state IN ('pending', 'running') ORDER BY r.created_at, r.id LIMIT ?3"
 );

@@ -127,8 +127,21 @@ impl WorkflowDefinition {
             return Err(DefinitionErrors(errors));
         }
         let mut seen = std::collections::HashSet::new();
+        if doc.concurrency.len() > crate::concurrency::MAX_RUN_LIMITS {
+            errors.push(LocatedError {
+                index: None,
+                error: DefinitionError::InvalidConcurrency {
+                    task: None,
+                    problem: format!(
+                        "at most {} limits, not {}",
+                        crate::concurrency::MAX_RUN_LIMITS,
+                        doc.concurrency.len()
+                    ),
+                },
+            });
+        }
         for limit in &doc.concurrency {
-            let problem = if let Err(problem) = crate::concurrency::check_key(&limit.key) {
+            let problem = if let Err(problem) = crate::concurrency::check_limit(&limit.key, limit.max) {
                 problem
             } else if !seen.insert(limit.key.as_str()) {
                 format!("the key '{}' is limited twice", limit.key)

@@ -64,7 +64,7 @@ impl TaskDefinition {
                     problem: "a compensation task cannot declare concurrency: a rollback never waits".to_owned(),
                 });
             }
-            if let Err(problem) = concurrency::check_key(&limit.key) {
+            if let Err(problem) = concurrency::check_limit(&limit.key, limit.max) {
                 errors.push(DefinitionError::InvalidConcurrency {
                     task: Some(task.clone()),
                     problem,

@@ -57,8 +57,8 @@ async fn try_run_gates<S: Store>(s: &S, run: RunId) -> GateCheck {
 /// A run gate keeps the run's first task pending and says so, and flags
 /// the run for a pass; once passed the task is ready. A second run of the
 /// same key finds the pool full; a run of another key does not. When the
-/// holder settles its slot is let go, the waiting run has work again, and
-/// passes.
+/// holder settles its slot is let go and offered to the oldest waiter
+/// only, which passes.
 pub async fn gates_hold_back_what_they_guard_until_a_slot_is_free<F: StoreFactory>(factory: &F) {
     let (s, _) = fresh(factory).await;
     let p = publish(&s, limited(1)).await;
@@ -96,17 +96,19 @@ pub async fn gates_hold_back_what_they_guard_until_a_slot_is_free<F: StoreFactor
         "a full pool gives its waiters no work"
     );
 
+    let third = start_gated(&s, &p, json!({"k": "acme"})).await;
+    assert_eq!(try_run_gates(&s, third).await, GateCheck::Full(scope.clone()));
+
     let mut settle = pass(&s, first).await;
     settle.take_flagged().await.expect("take_flagged");
     assert_eq!(settle.release_slots(true).await.expect("release"), 1);
     settle.commit().await.expect("commit");
+    let with_work = s.runs_with_work(Scope::All, 10).await.expect("runs_with_work");
     assert!(
-        s.runs_with_work(Scope::All, 10)
-            .await
-            .expect("runs_with_work")
-            .contains(&second),
-        "a slot let go gives its pool's waiter work"
+        with_work.contains(&second),
+        "a slot let go gives its pool's oldest waiter work"
     );
+    assert!(!with_work.contains(&third), "one slot is offered to one waiter");
     assert_eq!(try_run_gates(&s, second).await, GateCheck::Passed);
 }
 
