@@ -16,7 +16,7 @@ use flowforge_ports::{
     CancelOutcome, Claim, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore, RunSummary, Scope,
     TaskInputs, TaskOutcome, TaskRunId, TaskRunView, Topic, TransitionError, WorkerId, WorkflowId, store,
 };
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use sqlx::PgExecutor;
 use uuid::Uuid;
 
@@ -111,21 +111,15 @@ impl PgStore {
         input: &Value,
         options: &StartOptions,
     ) -> Result<[(Topic, bool); 2], store::Error> {
-        let gates: Vec<Value> = options
-            .gates
-            .iter()
-            .map(|g| {
-                json!({"task": g.task, "scope": g.scope, "label": g.label, "max": g.max,
-                       "strategy": g.strategy.as_str()})
-            })
-            .collect();
+        let gates = serde_json::to_value(&options.gates)
+            .map_err(|e| store::Error::Other(format!("cannot encode the gates: {e}")))?;
         let (created, woke_publisher, woke_scheduler): (bool, bool, bool) = sqlx::query_as(queries::START_RUN)
             .bind(self.offset())
             .bind(id)
             .bind(workflow.0)
             .bind(input)
             .bind(i16::from(options.priority.get()))
-            .bind(Value::Array(gates))
+            .bind(gates)
             .fetch_one(exec)
             .await
             .map_err(store_error)?;

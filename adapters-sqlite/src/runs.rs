@@ -139,15 +139,8 @@ impl SqliteStore {
             }));
         }
         let rows = serde_json::to_string(&rows).map_err(|e| store::Error::Other(e.to_string()))?;
-        let gates: Vec<Value> = options
-            .gates
-            .iter()
-            .map(|g| {
-                serde_json::json!({"task": g.task, "scope": g.scope, "label": g.label, "max": g.max,
-                                   "strategy": g.strategy.as_str()})
-            })
-            .collect();
-        let gates = serde_json::to_string(&gates).map_err(|e| store::Error::Other(e.to_string()))?;
+        let gates = serde_json::to_string(&options.gates)
+            .map_err(|e| store::Error::Other(format!("cannot encode the gates: {e}")))?;
         let offset = self.inner.offset();
         let text = if key.is_some() {
             queries::START_RUN_KEYED

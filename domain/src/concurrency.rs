@@ -128,8 +128,9 @@ pub fn check_key(key: &str) -> Result<(), String> {
         .map_err(|e| format!("'{key}' is not a JSONPath: {e}"))
 }
 
-/// One limit a run must pass, resolved against its input.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One limit a run must pass, resolved against its input. Serialised as
+/// the stores take it: `{task, scope, label, max, strategy}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Gate {
     /// The task it holds back (`None`: the whole run).
     pub task: Option<String>,
