@@ -182,3 +182,54 @@ pub async fn racing_passes_never_hold_more_slots_than_the_pool_has<F: StoreFacto
         assert_eq!(blocked, runs - passed, "every run that did not pass says why");
     }
 }
+
+/// The strategies' two writes: `cancel_newest` records the run's own
+/// cancel request with reason `concurrency_limit`; `cancel_in_progress`
+/// requests the cancel of the pool's oldest holder not already being
+/// cancelled, with that reason, flags it for a pass, and finds nobody
+/// once every holder is being cancelled. A pass over a run so cancelled
+/// knows it (its rollback then runs).
+pub async fn the_strategies_cancel_the_newest_or_the_oldest_holder_with_their_reason<F: StoreFactory>(factory: &F) {
+    let (s, _) = fresh(factory).await;
+    let p = publish(&s, limited(2)).await;
+    let key = json!({"k": "site"});
+    let older = start_gated(&s, &p, key.clone()).await;
+    let newer = start_gated(&s, &p, key.clone()).await;
+    assert_eq!(try_run_gates(&s, older).await, GateCheck::Passed);
+    assert_eq!(try_run_gates(&s, newer).await, GateCheck::Passed);
+
+    let turned_away = start_gated(&s, &p, key.clone()).await;
+    let mut q = pass(&s, turned_away).await;
+    q.take_flagged().await.expect("take_flagged");
+    let GateCheck::Full(scope) = q.pass_gates(None).await.expect("pass_gates") else {
+        panic!("two holders fill a pool of two");
+    };
+    q.cancel_for_limit().await.expect("cancel_for_limit");
+    assert!(q.run().cancel_requested && q.run().limit_cancelled);
+    q.commit().await.expect("commit");
+    let summary = s.run_summary(turned_away).await.expect("summary").expect("the run");
+    assert!(summary.cancel_requested);
+    assert_eq!(summary.cancel_reason.as_deref(), Some("concurrency_limit"));
+
+    let mut victims = Vec::new();
+    for _ in 0..3 {
+        let waiter = start_gated(&s, &p, key.clone()).await;
+        let mut w = pass(&s, waiter).await;
+        w.take_flagged().await.expect("take_flagged");
+        victims.push(w.cancel_oldest_holder(&scope).await.expect("cancel_oldest_holder"));
+        w.commit().await.expect("commit");
+    }
+    assert_eq!(victims, [Some(older), Some(newer), None], "oldest first, each once");
+    let summary = s.run_summary(older).await.expect("summary").expect("the run");
+    assert_eq!(summary.cancel_reason.as_deref(), Some("concurrency_limit"));
+    assert!(
+        s.runs_with_work(Scope::All, 10)
+            .await
+            .expect("runs_with_work")
+            .contains(&older),
+        "a victim is flagged for its pass"
+    );
+    let victim = pass(&s, older).await;
+    assert!(victim.run().cancel_requested && victim.run().limit_cancelled);
+    victim.commit().await.expect("commit");
+}
