@@ -22,7 +22,8 @@ const GROUP_ORDER = ["running", "retrying", "ready", "failed", "pending", "cance
 export class Dag {
   /**
    * `levels`: arrays of task keys; `tasks`: `{key, depends_on}`;
-   * `compensators`: `{key, compensate_for}`; `states`: key → `{state, reason}`;
+   * `compensators`: `{key, compensate_for}`; `states`: key → `{state, reason}`
+   * (reason: a cancel reason, or what holds a pending task back);
    * `onSelect(key)` when a task is opened.
    */
   constructor(container, { levels, tasks, compensators, states, onSelect }) {
@@ -156,7 +157,10 @@ export class Dag {
     el.dataset.state = state;
     if (reason) el.dataset.reason = reason;
     else delete el.dataset.reason;
-    const label = state === "cancelled" && reason === "upstream_failed" ? "cancelled: upstream failed" : look.label;
+    // A pending task's reason is what holds it back besides its
+    // dependencies: `concurrency:<key>` (docs/design/concurrency.md).
+    const label = state === "cancelled" && reason === "upstream_failed" ? "cancelled: upstream failed"
+      : state === "pending" && reason ? `waiting for ${reason}` : look.label;
     el.querySelector(".icon").textContent = look.icon;
     el.querySelector(".label").textContent = label;
     el.setAttribute("aria-label", `${key}: ${label}`);

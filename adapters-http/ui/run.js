@@ -36,7 +36,7 @@ export function mount(id) {
 
   const states = (r) => {
     const map = new Map();
-    for (const t of r.tasks) map.set(t.key, { state: t.state, reason: t.cancel_reason ?? undefined });
+    for (const t of r.tasks) map.set(t.key, { state: t.state, reason: t.cancel_reason ?? t.blocked_by ?? undefined });
     for (const c of r.compensations) map.set(c.key, { state: c.state });
     return map;
   };
@@ -56,6 +56,8 @@ export function mount(id) {
         badge(run.state), cancel, retry),
       h("dl", { class: "facts" },
         h("dt", {}, "Run"), h("dd", { class: "mono" }, run.run_id),
+        h("dt", {}, "Priority"), h("dd", { id: "run-priority" }, String(run.priority)),
+        run.cancel_reason ? [h("dt", {}, "Cancelled by"), h("dd", { id: "run-cancel-reason" }, run.cancel_reason.replace("_", " "))] : null,
         h("dt", {}, "Definition"), h("dd", {}, h("a", { href: `/definitions/${encodeURIComponent(run.workflow.name)}/versions/${run.workflow.version}` },
           `${run.workflow.name} v${run.workflow.version}`)),
         h("dt", {}, "Started"), h("dd", {}, when(run.started_at)),
@@ -197,7 +199,9 @@ export function mount(id) {
           onclick: () => { panel.hidden = true; open = null; dag.mark(null); } }, "×")),
       h("p", {}, badge(state.state, state.reason), " ",
         h("span", { class: "muted" }, defined?.task_type ?? ""),
-        defined?.compensate_for ? h("span", { class: "muted" }, ` · undoes ${defined.compensate_for}`) : null),
+        defined?.compensate_for ? h("span", { class: "muted" }, ` · undoes ${defined.compensate_for}`) : null,
+        task?.priority !== undefined ? h("span", { class: "muted" }, ` · priority ${task.priority}`) : null),
+      task?.blocked_by ? h("p", { class: "blocked", "data-blocked-by": task.blocked_by }, `Waiting for a slot: ${task.blocked_by}`) : null,
       attempts.length ? [tabs, panes] : h("p", { class: "muted" }, "No attempt yet."),
       h("details", {}, h("summary", {}, "Input (built from upstream outputs)"), h("pre", { class: "json" }, json(inputOf(key)))));
     if (attempts.length) pick(attempts[attempts.length - 1].attempt);

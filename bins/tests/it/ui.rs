@@ -302,6 +302,43 @@ async fn a_compensated_run_is_retried_from_the_page_with_what_its_rollback_undid
 }
 
 #[tokio::test]
+async fn a_run_waiting_for_a_concurrency_slot_says_so_and_goes_live_when_it_gets_one() {
+    let Some((api, browser)) = setup("ui-limit", &[]).await else {
+        return;
+    };
+    api.publish(&json!({"name": "exclusive", "version": 1,
+        "concurrency": [{"key": "$.site", "max": 1}],
+        "tasks": [{"key": "nap", "task_type": "sleep", "config": sleep(600.0)}]}))
+        .await;
+    let holder = api.start_run("exclusive", json!({"site": "eu"})).await;
+    let waiter = api.start_run("exclusive", json!({"site": "eu"})).await;
+    open(&api, &browser, &format!("/runs/{waiter}")).await;
+    browser
+        .wait_for(".node[data-task-key=\"nap\"][data-state=\"pending\"][data-reason=\"concurrency:eu\"]")
+        .await;
+    browser.click(".node[data-task-key=\"nap\"]").await;
+    browser
+        .wait_for("#task-panel[data-task-key=\"nap\"] [data-blocked-by=\"concurrency:eu\"]")
+        .await;
+    for run in [&holder, &waiter] {
+        let response = api
+            .post(&format!("/api/v1/runs/{run}/cancel"), &json!({}))
+            .send()
+            .await
+            .expect("answers");
+        assert_eq!(response.status().as_u16(), 202, "cancel {run}");
+        if run == &holder {
+            // The freed slot lets the waiter start, live on its page.
+            browser
+                .wait_for(".node[data-task-key=\"nap\"][data-state=\"running\"]")
+                .await;
+        }
+    }
+    assert_eq!(api.wait_run(&waiter).await["state"], json!("cancelled"));
+    browser.close().await;
+}
+
+#[tokio::test]
 async fn a_sleeping_run_is_cancelled_from_the_page_and_a_reload_shows_the_same() {
     let Some((api, browser)) = setup("ui-cancel", &[]).await else {
         return;
