@@ -118,7 +118,7 @@ struct Admitted {
 /// wait left is its gate.
 async fn admit<P: RunPass>(pass: &mut P, def: &WorkflowDefinition) -> Result<Admitted, Error> {
     let mut admitted = Admitted::default();
-    let waits = pass.waits().await?;
+    let mut waits = pass.waits().await?;
     let run_waits: Vec<&Wait> = waits.iter().filter(|w| w.task.is_none()).collect();
     if !run_waits.is_empty() {
         match pass.pass_gates(None).await? {
@@ -129,6 +129,8 @@ async fn admit<P: RunPass>(pass: &mut P, def: &WorkflowDefinition) -> Result<Adm
                     .map(|t| (t.key().to_owned(), 1))
                     .collect();
                 admitted.dispatched += pass.satisfy_dependencies(&roots).await?.len();
+                // Past the run's gates, its first tasks' own gates are due.
+                waits = pass.waits().await?;
             }
             GateCheck::Full(scope) => {
                 // The strategy acts once, when the run first meets a full
@@ -148,8 +150,7 @@ async fn admit<P: RunPass>(pass: &mut P, def: &WorkflowDefinition) -> Result<Adm
         }
     }
     // Past the run's gates: the tasks whose only wait left is their own.
-    let due: Vec<String> = pass.waits().await?.into_iter().filter_map(|w| w.task).collect();
-    for task in due {
+    for task in waits.into_iter().filter_map(|w| w.task) {
         if pass.pass_gates(Some(&task)).await? == GateCheck::Passed {
             admitted.dispatched += pass.satisfy_dependencies(&[(task, 1)]).await?.len();
         }

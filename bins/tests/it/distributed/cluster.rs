@@ -46,7 +46,45 @@ pub(crate) struct Cluster {
     dir: TempDir,
 }
 
+/// An SDK worker ([`flowforge::Worker`]) serving in this test process
+/// until [`SdkWorker::stop`].
+pub(crate) struct SdkWorker {
+    stop: tokio::sync::oneshot::Sender<()>,
+    serving: tokio::task::JoinHandle<Result<(), flowforge::WorkerError>>,
+}
+
+impl SdkWorker {
+    /// Serves `worker` until stopped.
+    pub(crate) fn serve(worker: flowforge::RunningWorker) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(worker.run_until(async move {
+            let _ = stopped.await;
+        }));
+        Self { stop, serving }
+    }
+
+    /// Stops it and waits for its drain, which must end cleanly.
+    pub(crate) async fn stop(self) {
+        self.stop.send(()).expect("the worker listens");
+        super::within("the worker's drain", self.serving)
+            .await
+            .expect("join")
+            .expect("a clean stop");
+    }
+}
+
 impl Cluster {
+    /// A worker builder on this cluster's database, broker and queue, with
+    /// `slots` slots and the id `id`; the test adds its handlers.
+    pub(crate) fn worker(&self, id: &str, slots: usize) -> flowforge::WorkerBuilder {
+        flowforge::Worker::builder()
+            .database(self.db.url.clone())
+            .broker(self.broker.url.clone())
+            .queue(self.broker.queue.clone())
+            .concurrency(slots)
+            .worker_id(flowforge::WorkerId(id.to_owned()))
+    }
+
     /// A cluster over a fresh, empty database and a fresh queue; `None`
     /// (after a notice) when a service is absent.
     pub(crate) async fn empty(test: &str) -> Option<Self> {

@@ -3,12 +3,12 @@
 //! slots than the limit, twenty runs queued on one key over PostgreSQL
 //! never have three running, as their event history shows.
 
-use flowforge::{HandlerError, Service, TaskContext, TaskTypes, Worker, WorkerId};
+use flowforge::{HandlerError, Service, TaskContext, TaskTypes};
 use flowforge_domain::{Priority, RunState};
 use serde_json::{Value, json};
 
-use super::cluster::Cluster;
-use super::{definition, detail, eventually, within};
+use super::cluster::{Cluster, SdkWorker};
+use super::{definition, detail, eventually};
 use crate::scenarios::concurrency::{most_at_once, run_interval};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -16,12 +16,8 @@ async fn twenty_queued_runs_on_one_key_never_have_three_running_over_postgres() 
     let Some(mut cluster) = Cluster::migrated("concurrency").await else {
         return;
     };
-    let worker = Worker::builder()
-        .database(cluster.db.url.clone())
-        .broker(cluster.broker.url.clone())
-        .queue(cluster.broker.queue.clone())
-        .concurrency(4)
-        .worker_id(WorkerId("limited-worker".to_owned()))
+    let worker = cluster
+        .worker("limited-worker", 4)
         .handler_fn("limited.job", |_ctx: TaskContext| async move {
             for _ in 0..20 {
                 tokio::task::yield_now().await;
@@ -31,10 +27,7 @@ async fn twenty_queued_runs_on_one_key_never_have_three_running_over_postgres() 
         .build()
         .await
         .expect("the worker builds");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(worker.run_until(async move {
-        let _ = stopped.await;
-    }));
+    let serving = SdkWorker::serve(worker);
 
     let store = cluster.db.store().await;
     super::served(&store, "limited.job").await;
@@ -74,9 +67,5 @@ async fn twenty_queued_runs_on_one_key_never_have_three_running_over_postgres() 
     let intervals: Vec<(i64, i64)> = details.iter().map(run_interval).collect();
     assert_eq!(most_at_once(&intervals), 2, "{}", cluster.logs());
 
-    stop.send(()).expect("the worker listens");
-    within("the worker's drain", serving)
-        .await
-        .expect("join")
-        .expect("a clean stop");
+    serving.stop().await;
 }

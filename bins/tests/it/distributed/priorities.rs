@@ -7,13 +7,13 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use flowforge::{HandlerError, Service, TaskContext, TaskTypes, Worker, WorkerId};
+use flowforge::{HandlerError, Service, TaskContext, TaskTypes};
 use flowforge_domain::{Priority, TaskRunState};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-use super::cluster::Cluster;
-use super::{definition, detail, eventually, task, within};
+use super::cluster::{Cluster, SdkWorker};
+use super::{definition, detail, eventually, task};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn work_queued_behind_a_busy_slot_is_served_by_priority_through_the_broker_window() {
@@ -23,12 +23,8 @@ async fn work_queued_behind_a_busy_slot_is_served_by_priority_through_the_broker
     let served = Arc::new(Mutex::new(Vec::<u64>::new()));
     let release = Arc::new(Notify::new());
     let (record, held) = (Arc::clone(&served), Arc::clone(&release));
-    let worker = Worker::builder()
-        .database(cluster.db.url.clone())
-        .broker(cluster.broker.url.clone())
-        .queue(cluster.broker.queue.clone())
-        .concurrency(1)
-        .worker_id(WorkerId("priority-worker".to_owned()))
+    let worker = cluster
+        .worker("priority-worker", 1)
         .handler_fn("prio.job", move |ctx: TaskContext| {
             let (record, held) = (Arc::clone(&record), Arc::clone(&held));
             async move {
@@ -45,10 +41,7 @@ async fn work_queued_behind_a_busy_slot_is_served_by_priority_through_the_broker
         .build()
         .await
         .expect("the worker builds");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(worker.run_until(async move {
-        let _ = stopped.await;
-    }));
+    let serving = SdkWorker::serve(worker);
 
     let store = cluster.db.store().await;
     super::served(&store, "prio.job").await;
@@ -97,9 +90,5 @@ async fn work_queued_behind_a_busy_slot_is_served_by_priority_through_the_broker
     .await;
     assert_eq!(order, [0, 1, 3, 5, 4, 7, 2, 6], "{}", cluster.logs());
 
-    stop.send(()).expect("the worker listens");
-    within("the worker's drain", serving)
-        .await
-        .expect("join")
-        .expect("a clean stop");
+    serving.stop().await;
 }

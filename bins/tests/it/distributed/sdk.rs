@@ -7,15 +7,14 @@ use std::sync::Arc;
 
 use flowforge::{
     Embedded, HTTP_TASK_TYPE, HandlerError, HttpTask, HttpTaskOptions, RunState, Service, TaskContext, TaskTypes,
-    Worker, WorkerId,
 };
 use flowforge_domain::{Priority, TaskRunState};
 use flowforge_ports::WorkerRegistry as _;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-use super::cluster::Cluster;
-use super::{definition, detail, eventually, task, within};
+use super::cluster::{Cluster, SdkWorker};
+use super::{definition, detail, eventually, task};
 use crate::hook::Hook;
 
 /// An async handler, as a user writes it once for both modes.
@@ -69,12 +68,8 @@ async fn one_set_of_handlers_runs_embedded_and_distributed() {
     // progress and holds until the test has seen it.
     let release = Arc::new(Notify::new());
     let held = Arc::clone(&release);
-    let worker = Worker::builder()
-        .database(cluster.db.url.clone())
-        .broker(cluster.broker.url.clone())
-        .queue(cluster.broker.queue.clone())
-        .concurrency(2)
-        .worker_id(WorkerId("sdk-worker".to_owned()))
+    let worker = cluster
+        .worker("sdk-worker", 2)
         .handler_fn("sdk.greet", greet)
         .blocking_handler("sdk.shout", shout)
         .handler(HTTP_TASK_TYPE, http_task())
@@ -92,10 +87,7 @@ async fn one_set_of_handlers_runs_embedded_and_distributed() {
         .await
         .expect("the worker builds");
     assert!(worker.task_types().iter().any(|t| t == "sdk.greet"));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(worker.run_until(async move {
-        let _ = stopped.await;
-    }));
+    let serving = SdkWorker::serve(worker);
 
     let store = cluster.db.store().await;
     super::served(&store, "sdk.greet").await;
@@ -127,11 +119,7 @@ async fn one_set_of_handlers_runs_embedded_and_distributed() {
     assert_eq!(task(&done, "greet").lease_owner, None);
 
     // Shutdown drains and deregisters.
-    stop.send(()).expect("the worker listens");
-    within("the worker's drain", serving)
-        .await
-        .expect("join")
-        .expect("a clean stop");
+    serving.stop().await;
     let workers = store.list_workers().await.expect("workers");
     let me = workers.iter().find(|w| w.id.0 == "sdk-worker").expect("registered");
     assert!(me.stopped_at.is_some(), "marked stopped");
