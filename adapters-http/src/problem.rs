@@ -133,7 +133,6 @@ impl From<Error> for Problem {
             } => Self::new(StatusCode::CONFLICT, "run_compensated", e.to_string()),
             Error::RetryRefused { .. } => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "retry_refused", e.to_string()),
             Error::RetryLost(_) => Self::new(StatusCode::CONFLICT, "retry_conflict", e.to_string()),
-            Error::RetryLimited(_) => Self::new(StatusCode::CONFLICT, "run_not_retryable", e.to_string()),
             Error::ConcurrencyKeyUnresolved(_) => Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "concurrency_key_unresolved",

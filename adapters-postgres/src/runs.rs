@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use flowforge_domain::concurrency::Gate;
 use flowforge_domain::limits::{self, MAX_STALE_AUDITS_PER_TASK_RUN, Refusal, ValueKind};
 use flowforge_domain::retry::Reset;
 use flowforge_domain::{RunState, TaskRunState, TaskTransition, run_machine};
@@ -319,12 +320,16 @@ impl RunStore for PgStore {
         state: RunState,
         generation: u32,
         resets: &[Reset],
+        gates: &[Gate],
     ) -> Result<Option<u32>, store::Error> {
+        let gates =
+            serde_json::to_value(gates).map_err(|e| store::Error::Other(format!("cannot encode the gates: {e}")))?;
         let mut tx = self.inner.pool.begin().await.map_err(store_error)?;
         let moved: Option<(i32, i64)> = sqlx::query_as(queries::RESUME_RUN)
             .bind(run.0)
             .bind(state.as_str())
             .bind(i64::from(generation))
+            .bind(gates)
             .fetch_optional(&mut *tx)
             .await
             .map_err(store_error)?;

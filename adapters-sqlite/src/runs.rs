@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use flowforge_domain::concurrency::Gate;
 use flowforge_domain::limits::{self, Refusal, ValueKind};
 use flowforge_domain::retry::Reset;
 use flowforge_domain::{Priority, RunState, TaskRunState, TaskTransition, initial_task_run_state};
@@ -245,8 +246,11 @@ impl RunStore for SqliteStore {
         state: RunState,
         generation: u32,
         resets: &[Reset],
+        gates: &[Gate],
     ) -> Result<Option<u32>, store::Error> {
         let key = run_key(run);
+        let gates =
+            serde_json::to_string(gates).map_err(|e| store::Error::Other(format!("cannot encode the gates: {e}")))?;
         let plan: Vec<Value> = resets
             .iter()
             .map(|r| serde_json::json!({"k": r.key, "f": r.from.as_str(), "t": r.to.as_str(), "d": r.pending_deps}))
@@ -260,7 +264,8 @@ impl RunStore for SqliteStore {
                     .bind(offset)
                     .bind(key.clone())
                     .bind(state.as_str())
-                    .bind(i64::from(generation)),
+                    .bind(i64::from(generation))
+                    .bind(gates.clone()),
             ))
             .await?;
         let Some(row) = rows.first() else {
@@ -275,7 +280,8 @@ impl RunStore for SqliteStore {
                     .bind(key)
                     .bind(plan)
                     .bind(next)
-                    .bind(state.as_str()),
+                    .bind(state.as_str())
+                    .bind(gates),
             ))
             .await?;
         let reset: i64 = match rows.last() {

@@ -87,12 +87,6 @@ pub enum Error {
     /// (docs/design/concurrency.md): the run is not started.
     #[error(transparent)]
     ConcurrencyKeyUnresolved(#[from] Unresolved),
-    /// The run's definition declares concurrency limits, which an
-    /// operator's retry does not take again yet (docs/design/concurrency.md#retries).
-    #[error(
-        "run {0} is of a workflow with concurrency limits, and retrying such a run is not supported: start a new run"
-    )]
-    RetryLimited(RunId),
     /// Another retry of the run (or a late write) changed it first.
     #[error("run {0} changed while this retry was being applied (another retry won); read it again")]
     RetryLost(RunId),
@@ -127,7 +121,6 @@ impl Error {
             | Self::RunNotRetryable { .. }
             | Self::RetryRefused { .. }
             | Self::ConcurrencyKeyUnresolved(_)
-            | Self::RetryLimited(_)
             | Self::RetryLost(_) => false,
         }
     }

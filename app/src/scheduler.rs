@@ -123,12 +123,17 @@ async fn admit<P: RunPass>(pass: &mut P, def: &WorkflowDefinition) -> Result<Adm
     if !run_waits.is_empty() {
         match pass.pass_gates(None).await? {
             GateCheck::Passed => {
-                let roots: Vec<(String, u32)> = def
+                // The run gate held back the tasks it would have made ready
+                // at once: a new run's roots, a retried run's tasks whose
+                // dependencies are all kept succeeded. Lowering a task that
+                // is not pending changes nothing.
+                let succeeded = pass.succeeded_keys().await?;
+                let held: Vec<(String, u32)> = def
                     .forward_tasks()
-                    .filter(|t| t.depends_on().is_empty())
+                    .filter(|t| !succeeded.contains(t.key()) && t.depends_on().iter().all(|d| succeeded.contains(d)))
                     .map(|t| (t.key().to_owned(), 1))
                     .collect();
-                admitted.dispatched += pass.satisfy_dependencies(&roots).await?.len();
+                admitted.dispatched += pass.satisfy_dependencies(&held).await?.len();
                 // Past the run's gates, its first tasks' own gates are due.
                 waits = pass.waits().await?;
             }

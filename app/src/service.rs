@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use flowforge_domain::concurrency;
 use flowforge_domain::limits::{self, Limits, ValueKind};
-use flowforge_domain::retry::{Reset, reset_set};
+use flowforge_domain::retry::{Reset, hold_at_gates, reset_set};
 use flowforge_domain::{Priority, RunState, TaskRunState, WorkflowDefinition};
 use flowforge_ports::store::{
     CancelOutcome, DefinitionSummary, EventView, Gauges, IdempotencyKey, KeyedStart, Notifier, Published, RunQuery,
@@ -333,10 +333,6 @@ impl<S: Store> Service<S> {
             return Err(Error::RunNotRetryable { run, state });
         }
         let published = self.defs.get(detail.summary.workflow_id).await?;
-        let def = &published.definition;
-        if !def.concurrency().is_empty() || def.tasks().iter().any(|t| t.concurrency().is_some()) {
-            return Err(Error::RetryLimited(run));
-        }
         let states: BTreeMap<&str, TaskRunState> = detail
             .tasks
             .iter()
@@ -346,8 +342,11 @@ impl<S: Store> Service<S> {
         let compensated: BTreeSet<&str> = crate::report::standing_compensators(&detail.tasks)
             .filter_map(|c| c.compensate_for.as_deref())
             .collect();
-        let resets = reset_set(published.definition.graph(), &states, &compensated, from)
+        let mut resets = reset_set(published.definition.graph(), &states, &compensated, from)
             .map_err(|refusal| Error::RetryRefused { run, refusal })?;
+        // The input is the one the run started with, so its keys resolve
+        // to the pools it held before (docs/design/concurrency.md#retries).
+        let gates = hold_at_gates(&mut resets, concurrency::resolve(&published.definition, &detail.input)?);
         let current = detail.summary.generation;
         if dry_run {
             return Ok(Retry {
@@ -356,7 +355,7 @@ impl<S: Store> Service<S> {
                 applied: false,
             });
         }
-        match self.store.resume_run(run, state, current, &resets).await? {
+        match self.store.resume_run(run, state, current, &resets, &gates).await? {
             Some(generation) => {
                 tracing::info!(run_id = %run, generation, tasks = resets.len(), "run retried");
                 Ok(Retry {

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::concurrency::Gate;
 use crate::graph::DependencyGraph;
 use crate::state::TaskRunState;
 
@@ -133,6 +134,29 @@ pub fn reset_set(
     Ok(resets)
 }
 
+/// Holds a retry set back at the run's concurrency gates, as a start does
+/// (docs/design/concurrency.md#retries): a run gate counts as one more
+/// dependency of every task of the set it would make ready at once, a
+/// task gate as one more of its task. Returns the gates the resumed run
+/// passes again: its run gates, and the task gates of tasks in the set (a
+/// kept task does not run again, so its gate has nothing to hold).
+pub fn hold_at_gates(resets: &mut [Reset], gates: Vec<Gate>) -> Vec<Gate> {
+    let run_gated = gates.iter().any(|g| g.task.is_none());
+    let kept: Vec<Gate> = gates
+        .into_iter()
+        .filter(|g| g.task.as_ref().is_none_or(|t| resets.iter().any(|r| &r.key == t)))
+        .collect();
+    for reset in resets.iter_mut() {
+        let first = u32::from(run_gated && reset.pending_deps == 0);
+        let own = u32::from(kept.iter().any(|g| g.task.as_ref() == Some(&reset.key)));
+        reset.pending_deps += first + own;
+        if reset.pending_deps > 0 {
+            reset.to = TaskRunState::Pending;
+        }
+    }
+    kept
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,6 +173,36 @@ mod tests {
     }
 
     use TaskRunState::{Cancelled, Failed, Pending, Ready, Running, Succeeded};
+
+    fn gate(task: Option<&str>) -> Gate {
+        Gate {
+            task: task.map(str::to_owned),
+            scope: format!("{task:?}"),
+            label: "acme".into(),
+            max: 1,
+            strategy: crate::concurrency::Strategy::CancelNewest,
+        }
+    }
+
+    #[test]
+    fn a_retry_set_waits_at_the_run_gate_and_at_its_own_tasks_gates() {
+        let g = graph(&[("a", &[]), ("b", &["a"]), ("c", &["b"]), ("d", &[])]);
+        let s = states(&[("a", Succeeded), ("b", Failed), ("c", Cancelled), ("d", Succeeded)]);
+        let mut r = reset_set(&g, &s, &BTreeSet::new(), &[]).unwrap();
+        let kept = hold_at_gates(&mut r, vec![gate(None), gate(Some("c")), gate(Some("d"))]);
+        assert_eq!(
+            kept.iter().map(|g| g.task.as_deref()).collect::<Vec<_>>(),
+            [None, Some("c")],
+            "a kept task's gate has nothing to hold"
+        );
+        let held: Vec<_> = r.iter().map(|r| (r.key.as_str(), r.to, r.pending_deps)).collect();
+        assert_eq!(held, [("b", Pending, 1), ("c", Pending, 2)]);
+
+        let mut ungated = reset_set(&g, &s, &BTreeSet::new(), &[]).unwrap();
+        let before = ungated.clone();
+        assert!(hold_at_gates(&mut ungated, Vec::new()).is_empty());
+        assert_eq!(ungated, before, "without gates a retry set is as planned");
+    }
 
     #[test]
     fn without_from_the_failed_and_cancelled_start_again_and_the_rest_is_kept() {
@@ -282,6 +336,27 @@ mod tests {
             }
             let order: Vec<&str> = g.topological_order().into_iter().filter(|k| set.contains(k)).collect();
             prop_assert_eq!(order, resets.iter().map(|r| r.key.as_str()).collect::<Vec<_>>());
+        }
+
+        /// Held at a run gate and at task gates, nothing of an accepted
+        /// retry set is ready, and lowering each count once per gate that
+        /// holds the task gives back the ungated plan.
+        #[test]
+        fn gates_hold_a_retry_set_back_by_one_each((tasks, finished, named) in arb_run()) {
+            let g = DependencyGraph::new(tasks.iter().map(|(k, d)| (k.as_str(), d.iter().map(String::as_str)))).unwrap();
+            let s: BTreeMap<&str, TaskRunState> = tasks.iter().map(|(k, _)| k.as_str()).zip(finished.iter().copied()).collect();
+            let Ok(plan) = reset_set(&g, &s, &BTreeSet::new(), &[]) else { return Ok(()) };
+            let mut gates = vec![gate(None)];
+            gates.extend(tasks.iter().zip(&named).filter(|(_, n)| **n).map(|((k, _), _)| gate(Some(k))));
+            let mut held = plan.clone();
+            let kept = hold_at_gates(&mut held, gates);
+            prop_assert!(held.iter().all(|r| r.to == Pending));
+            for (h, p) in held.iter_mut().zip(&plan) {
+                let own = u32::from(kept.iter().any(|g| g.task.as_ref() == Some(&h.key)));
+                h.pending_deps -= u32::from(p.pending_deps == 0) + own;
+                h.to = if h.pending_deps == 0 { Ready } else { Pending };
+            }
+            prop_assert_eq!(held, plan);
         }
     }
 }

@@ -592,17 +592,24 @@ SELECT (SELECT count(*) FROM task_run WHERE state = 'ready') AS ready,
 /// on its state and generation, so of two concurrent retries exactly one
 /// matches; its event counter row takes the new generation first, so the
 /// `resume` event and every later one carry it (the numbering trigger
-/// stamps it). `$1` run, `$2` from state, `$3` generation.
+/// stamps it). A limit's cancel reason is cleared, and the gates `$4`
+/// become waits, already tried, with the run flagged for the pass that
+/// admits it (docs/design/concurrency.md#retries). `$1` run, `$2` from
+/// state, `$3` generation.
 pub const RESUME_RUN: &str = "\
 WITH moved AS (
     UPDATE workflow_run
     SET state = 'running', generation = generation + 1, finished_at = NULL, cancel_requested_at = NULL,
-        needs_pass = false
+        cancel_reason = NULL, gated = jsonb_array_length($4) > 0, needs_pass = jsonb_array_length($4) > 0
     WHERE id = $1 AND state = $2 AND generation = $3
     RETURNING id, generation
 ), counter AS (
     UPDATE run_event_seq AS s SET generation = m.generation FROM moved AS m WHERE s.run_id = m.id
     RETURNING s.run_id
+), waits AS (
+    INSERT INTO concurrency_wait (run_id, task_key, scope, label, max, strategy, tried)
+    SELECT m.id, g.task, g.scope, g.label, g.max, g.strategy, true
+    FROM moved AS m, jsonb_to_recordset($4) AS g(task text, scope text, label text, max int4, strategy text)
 )
 SELECT m.generation, (SELECT count(*) FROM counter) AS counted FROM moved AS m";
 

@@ -550,11 +550,14 @@ pub(crate) const WORKFLOW_EXISTS: &str = "SELECT id FROM workflow WHERE id = ?1"
 
 /// resume_run's first call, leaving its transaction open: the run's
 /// `resume` edge (docs/design/retry.md), conditional on its state and
-/// generation, so of two concurrent retries exactly one matches. `?2` run,
+/// generation, so of two concurrent retries exactly one matches; a limit's
+/// cancel reason is cleared, and a run with gates `?5` is flagged for the
+/// pass that admits it (docs/design/concurrency.md#retries). `?2` run,
 /// `?3` from state, `?4` generation.
 pub(crate) const RESUME_RUN: &str = "BEGIN IMMEDIATE; \
      UPDATE workflow_run SET state = 'running', generation = generation + 1, finished_at = NULL, \
-     cancel_requested_at = NULL, needs_pass = 0 \
+     cancel_requested_at = NULL, cancel_reason = NULL, gated = json_array_length(?5) > 0, \
+     needs_pass = json_array_length(?5) > 0 \
      WHERE id = ?2 AND state = ?3 AND generation = ?4 RETURNING generation";
 
 /// The task runs of the retry set `?3` (`{k, f, t, d}`: key, from, to,
@@ -571,8 +574,9 @@ macro_rules! reset_rows {
 /// `?5`), so it and every later event carry it; then each task of the
 /// retry set `?3` takes `reset` from its planned state — attempt + 1 (the
 /// earlier ones become `attempt_base`), token + 1, its output, error and
-/// cancel reason cleared — with its event and, once ready, its dispatch.
-/// Returns how many rows were reset. `?2` run.
+/// cancel reason cleared — with its event and, once ready, its dispatch;
+/// the gates `?6` become waits, already tried. Returns how many rows were
+/// reset. `?2` run.
 pub(crate) const RESET_TASKS: &str = concat!(
     "UPDATE run_event_seq SET generation = ?4 WHERE run_id = ?2; \
      INSERT INTO workflow_run_event (id, run_id, transition, from_state, to_state, at) SELECT ",
@@ -601,6 +605,9 @@ pub(crate) const RESET_TASKS: &str = concat!(
     ", tr.priority FROM ",
     reset_rows!(),
     " AND tr.state = 'ready' ORDER BY tr.id; \
+     INSERT INTO concurrency_wait (run_id, task_key, scope, label, max, strategy, tried) \
+     SELECT ?2, j.value ->> 'task', j.value ->> 'scope', j.value ->> 'label', j.value ->> 'max', \
+            j.value ->> 'strategy', 1 FROM json_each(?6) AS j ORDER BY j.key; \
      SELECT COUNT(*) FROM ",
     reset_rows!()
 );

@@ -1,10 +1,14 @@
 //! Contract cases: concurrency limits (docs/design/concurrency.md) — gates
 //! hold back what they guard and say why, a pool never has more holders
-//! than its size however passes race, and a settled run lets go.
+//! than its size however passes race, a settled run lets go, and a
+//! retried run passes its gates again.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use flowforge_domain::concurrency::{self, Gate};
+use flowforge_domain::retry::{hold_at_gates, reset_set};
+use flowforge_domain::{RunState, RunTransition};
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use serde_json::{Value, json};
@@ -232,4 +236,98 @@ pub async fn the_strategies_cancel_the_newest_or_the_oldest_holder_with_their_re
     let victim = pass(&s, older).await;
     assert!(victim.run().cancel_requested && victim.run().limit_cancelled);
     victim.commit().await.expect("commit");
+}
+
+/// A retried run passes its gates again (docs/design/concurrency.md#retries).
+/// A run turned away by `cancel_newest` settles cancelled with its
+/// reason; `resume_run` with its gates (counted in the resets by
+/// `hold_at_gates`) clears the reason, makes the gates waits again —
+/// already tried, so the strategy does not turn the retry away a second
+/// time — and flags the run. While the holder keeps the pool full the
+/// reset task stays pending and says why; once the holder lets go the run
+/// passes and its task is dispatched at its new token.
+pub async fn a_retried_run_waits_at_its_gates_again<F: StoreFactory>(factory: &F) {
+    let (s, _) = fresh(factory).await;
+    let p = publish(&s, limited(1)).await;
+    let key = json!({"k": "acme"});
+    let holder = start_gated(&s, &p, key.clone()).await;
+    assert_eq!(try_run_gates(&s, holder).await, GateCheck::Passed);
+
+    let retried = start_gated(&s, &p, key.clone()).await;
+    let mut q = pass(&s, retried).await;
+    q.take_flagged().await.expect("take_flagged");
+    assert!(matches!(
+        q.pass_gates(None).await.expect("pass_gates"),
+        GateCheck::Full(_)
+    ));
+    q.mark_gates_tried().await.expect("mark_gates_tried");
+    q.cancel_for_limit().await.expect("cancel_for_limit");
+    q.cancel_waiting().await.expect("cancel_waiting");
+    q.release_slots(true).await.expect("settle");
+    assert!(
+        q.transition_run(RunTransition::CancelBeforeStart)
+            .await
+            .expect("cancel")
+    );
+    q.commit().await.expect("commit");
+    let summary = s.run_summary(retried).await.expect("summary").expect("the run");
+    assert_eq!(
+        (summary.state, summary.cancel_reason.as_deref()),
+        (RunState::Cancelled, Some("concurrency_limit"))
+    );
+
+    let detail = s.get_run(retried).await.expect("get_run").expect("the run");
+    let states: BTreeMap<&str, TaskRunState> = detail.tasks.iter().map(|t| (t.key.as_str(), t.state)).collect();
+    let mut resets =
+        reset_set(p.definition.graph(), &states, &BTreeSet::new(), &[]).expect("a cancelled run is retried");
+    let gates = hold_at_gates(
+        &mut resets,
+        concurrency::resolve(&p.definition, &key).expect("the key resolves"),
+    );
+    let token = view(&s, retried, "t").await.token;
+    assert_eq!(
+        s.resume_run(retried, RunState::Cancelled, 1, &resets, &gates)
+            .await
+            .expect("resume_run"),
+        Some(2)
+    );
+    let summary = s.run_summary(retried).await.expect("summary").expect("the run");
+    assert_eq!((summary.state, summary.cancel_reason), (RunState::Running, None));
+    let t = view(&s, retried, "t").await;
+    assert_eq!(
+        (t.state, t.blocked_by.as_deref()),
+        (TaskRunState::Pending, Some("concurrency:acme"))
+    );
+    assert!(
+        s.runs_with_work(Scope::All, 10)
+            .await
+            .expect("runs_with_work")
+            .contains(&retried),
+        "a retried gated run is flagged for the pass that admits it"
+    );
+    let mut w = pass(&s, retried).await;
+    w.take_flagged().await.expect("take_flagged");
+    let waits = w.waits().await.expect("waits");
+    assert!(!waits.is_empty() && waits.iter().all(|w| w.tried), "{waits:?}");
+    w.commit().await.expect("commit");
+    assert!(
+        matches!(try_run_gates(&s, retried).await, GateCheck::Full(_)),
+        "the holder keeps its slot"
+    );
+
+    let mut settle = pass(&s, holder).await;
+    settle.take_flagged().await.expect("take_flagged");
+    assert_eq!(settle.release_slots(true).await.expect("release"), 1);
+    settle.commit().await.expect("commit");
+    assert_eq!(try_run_gates(&s, retried).await, GateCheck::Passed);
+    let t = view(&s, retried, "t").await;
+    assert_eq!((t.state, t.blocked_by), (TaskRunState::Ready, None));
+    assert!(t.token > token, "the token only grows");
+    assert!(
+        dispatches_of(&s, retried, "t")
+            .await
+            .iter()
+            .any(|d| d.fencing_token == t.token),
+        "the admitted task is dispatched at its new token"
+    );
 }

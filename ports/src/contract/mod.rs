@@ -130,6 +130,7 @@ macro_rules! store_contract_tests {
             a_task_gate_is_due_once_only_it_holds_the_task_back,
             racing_passes_never_hold_more_slots_than_the_pool_has,
             the_strategies_cancel_the_newest_or_the_oldest_holder_with_their_reason,
+            a_retried_run_waits_at_its_gates_again,
             waiting_work_ages_ahead_of_later_urgent_work,
         );
     };

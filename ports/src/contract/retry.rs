@@ -52,7 +52,7 @@ pub async fn a_resumed_run_opens_its_next_generation<F: StoreFactory>(factory: &
     let run = failed_run(&s, 1).await;
     let before = view(&s, run, "t").await;
     assert_eq!(
-        s.resume_run(run, RunState::Failed, 1, &reset_t(TaskRunState::Failed))
+        s.resume_run(run, RunState::Failed, 1, &reset_t(TaskRunState::Failed), &[])
             .await
             .expect("resume_run"),
         Some(2)
@@ -115,7 +115,7 @@ pub async fn a_reset_task_is_fenced_and_counts_attempts_per_generation<F: StoreF
     let (s, clock) = fresh(factory).await;
     let run = failed_run(&s, 2).await;
     let stale = s.get_run(run).await.expect("get_run").expect("the run").tasks[0].token;
-    s.resume_run(run, RunState::Failed, 1, &reset_t(TaskRunState::Failed))
+    s.resume_run(run, RunState::Failed, 1, &reset_t(TaskRunState::Failed), &[])
         .await
         .expect("resume_run")
         .expect("the retry applies");
@@ -143,15 +143,15 @@ pub async fn a_stale_retry_plan_applies_nothing<F: StoreFactory>(factory: &F) {
     let run = failed_run(&s, 1).await;
     let before = s.get_run(run).await.expect("get_run").expect("the run");
     let wrong_task = s
-        .resume_run(run, RunState::Failed, 1, &reset_t(TaskRunState::Cancelled))
+        .resume_run(run, RunState::Failed, 1, &reset_t(TaskRunState::Cancelled), &[])
         .await
         .expect("resume_run");
     let wrong_state = s
-        .resume_run(run, RunState::Cancelled, 1, &reset_t(TaskRunState::Failed))
+        .resume_run(run, RunState::Cancelled, 1, &reset_t(TaskRunState::Failed), &[])
         .await
         .expect("resume_run");
     let wrong_generation = s
-        .resume_run(run, RunState::Failed, 2, &reset_t(TaskRunState::Failed))
+        .resume_run(run, RunState::Failed, 2, &reset_t(TaskRunState::Failed), &[])
         .await
         .expect("resume_run");
     assert_eq!((wrong_task, wrong_state, wrong_generation), (None, None, None));
@@ -169,7 +169,7 @@ pub async fn concurrent_retries_open_one_generation<F: StoreFactory>(factory: &F
         let (s, barrier) = (s.clone(), barrier.clone());
         calls.push(tokio::spawn(async move {
             barrier.wait().await;
-            s.resume_run(run, RunState::Failed, 1, &reset_t(TaskRunState::Failed))
+            s.resume_run(run, RunState::Failed, 1, &reset_t(TaskRunState::Failed), &[])
                 .await
         }));
     }
@@ -244,7 +244,7 @@ pub async fn a_later_rollback_reruns_the_compensators_of_its_generation<F: Store
         pending_deps,
     });
     assert_eq!(
-        s.resume_run(run, RunState::Failed, 1, &resets)
+        s.resume_run(run, RunState::Failed, 1, &resets, &[])
             .await
             .expect("resume_run"),
         Some(2)

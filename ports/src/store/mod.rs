@@ -28,6 +28,7 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::time::Duration;
 
+use flowforge_domain::concurrency::Gate;
 use flowforge_domain::derive::TaskTally;
 use flowforge_domain::retry::Reset;
 use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, WorkflowDefinition};
@@ -149,15 +150,20 @@ pub trait RunStore: Send + Sync + 'static {
     /// conditional UPDATE on its state and `generation`, so of two
     /// concurrent retries exactly one wins — and each task of `resets`
     /// takes `reset` from its planned state (token + 1, attempt + 1, its
-    /// event, a dispatch when it is ready). Returns the new generation, or
-    /// `None`, with nothing written, when the run or one of the tasks is no
-    /// longer as planned.
+    /// event, a dispatch when it is ready). `gates` (from
+    /// `retry::hold_at_gates`, which counted them in the resets) become
+    /// the run's waits again, already `tried` so its strategy does not act
+    /// a second time, and flag the run for the pass that admits it
+    /// (docs/design/concurrency.md#retries); a limit's `cancel_reason` is
+    /// cleared. Returns the new generation, or `None`, with nothing
+    /// written, when the run or one of the tasks is no longer as planned.
     fn resume_run(
         &self,
         run: RunId,
         state: RunState,
         generation: u32,
         resets: &[Reset],
+        gates: &[Gate],
     ) -> impl Future<Output = Result<Option<u32>, Error>> + Send;
 
     /// Claims a ready task run for a dispatch: `ready → running` WHERE `state =
