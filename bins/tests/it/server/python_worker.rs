@@ -12,6 +12,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 
+use crate::run::task;
+
 use super::{Api, PATIENCE, definition, json_of, on_both};
 
 /// The example, from the workspace root.
@@ -109,14 +111,6 @@ impl Drop for PyWorker {
             eprintln!("{}'s log:\n{}", self.id, self.log());
         }
     }
-}
-
-/// The report's task `key`.
-fn task<'a>(report: &'a Value, key: &str) -> &'a Value {
-    report["tasks"]
-        .as_array()
-        .and_then(|tasks| tasks.iter().find(|t| t["key"] == key))
-        .unwrap_or_else(|| panic!("no task {key} in {report:#}"))
 }
 
 // A 3 s lease (the least allowed): the reaper takes a dead worker's task

@@ -4,6 +4,8 @@ use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
 
+use crate::run::task;
+
 use super::{definition, json_of, on_both};
 
 on_both!(a_run_is_started_watched_and_read, &[], |api| {
@@ -387,4 +389,116 @@ on_both!(a_concurrency_key_the_input_lacks_refuses_the_start, &[], |api| {
     );
     let id = api.start_run("limited", json!({"site": "eu"})).await;
     assert_eq!(api.wait_run(&id).await["state"], "succeeded");
+});
+
+/// The report of run `id` once `ready` holds of it (polled).
+async fn until(api: &super::Api, id: &str, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + super::PATIENCE;
+    loop {
+        let report = api.get_json(&format!("/api/v1/runs/{id}"), 200).await;
+        if ready(&report) {
+            return report;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {report:#}\n{}",
+            api.logs()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+fn at(time: &Value) -> chrono::DateTime<chrono::FixedOffset> {
+    chrono::DateTime::parse_from_rfc3339(time.as_str().expect("a time")).expect("RFC 3339")
+}
+
+// A run of a limited workflow is retried through its gate
+// (docs/design/concurrency.md#retries): the pool is shared by the
+// workflow's versions, so version 1's `hold` keeps the one slot of `eu`
+// while version 2's failed run is retried. The retry waits for the slot
+// (its strategy does not turn it away again, though it still turns away a
+// newcomer), and runs once the holder is cancelled.
+on_both!(a_limited_run_is_retried_through_its_gate, &[], |api| {
+    let limit = json!([{"key": "$.site", "max": 1, "strategy": "cancel_newest"}]);
+    api.publish(&json!({"name": "exclusive", "version": 1, "concurrency": limit,
+        "tasks": [{"key": "hold", "task_type": "sleep", "config": {"seconds": 600}}]}))
+        .await;
+    api.publish(
+        &json!({"name": "exclusive", "version": 2, "concurrency": limit, "tasks": [
+            {"key": "prepare", "task_type": "fail", "config": {"fail_times": 1}},
+            {"key": "deploy", "task_type": "echo", "depends_on": ["prepare"]}
+        ]}),
+    )
+    .await;
+    let retried = api.start_run("exclusive", json!({"site": "eu"})).await;
+    assert_eq!(api.wait_run(&retried).await["state"], "failed");
+
+    let response = api
+        .post(
+            "/api/v1/runs",
+            &json!({"workflow": "exclusive", "version": 1, "input": {"site": "eu"}}),
+        )
+        .send()
+        .await
+        .expect("answers");
+    let holder = json_of(response, 201).await["id"].as_str().expect("an id").to_owned();
+    until(&api, &holder, "the holder to take the slot", |r| {
+        task(r, "hold")["state"] == "running"
+    })
+    .await;
+
+    let response = api
+        .post(&format!("/api/v1/runs/{retried}/retry"), &json!({}))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(
+        json_of(response, 202).await["tasks"],
+        json!([
+            {"key": "prepare", "from": "failed", "to": "pending"},
+            {"key": "deploy", "from": "cancelled", "to": "pending"}
+        ]),
+        "the retry waits at the run's gate"
+    );
+    let waiting = api.get_json(&format!("/api/v1/runs/{retried}"), 200).await;
+    assert_eq!(
+        (&waiting["state"], &waiting["generation"]),
+        (&json!("running"), &json!(2))
+    );
+    assert_eq!(task(&waiting, "prepare")["blocked_by"], "concurrency:eu", "{waiting:#}");
+
+    let newcomer = api.start_run("exclusive", json!({"site": "eu"})).await;
+    let turned_away = api.wait_run(&newcomer).await;
+    assert_eq!(
+        (&turned_away["state"], &turned_away["cancel_reason"]),
+        (&json!("cancelled"), &json!("concurrency_limit"))
+    );
+    let still = api.get_json(&format!("/api/v1/runs/{retried}"), 200).await;
+    assert_eq!(still["state"], "running", "the retry is not turned away: {still:#}");
+
+    let response = api
+        .post(&format!("/api/v1/runs/{holder}/cancel"), &json!({}))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(response.status().as_u16(), 202);
+    let held = api.wait_run(&holder).await;
+    let done = api.wait_run(&retried).await;
+    assert_eq!(
+        (&done["state"], &done["generation"], &done["cancel_reason"]),
+        (&json!("succeeded"), &json!(2), &Value::Null),
+        "{done:#}"
+    );
+    let attempts = api
+        .get_json(&format!("/api/v1/runs/{retried}/tasks/prepare/attempts"), 200)
+        .await;
+    let second = &attempts["items"][1];
+    assert_eq!(
+        (&second["generation"], &second["state"]),
+        (&json!(2), &json!("succeeded"))
+    );
+    assert!(
+        at(&held["finished_at"]) <= at(&second["started_at"]),
+        "the retry started only once the holder let go: {held:#}\n{attempts:#}"
+    );
 });

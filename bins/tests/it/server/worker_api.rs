@@ -6,6 +6,8 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
+use crate::run::task;
+
 use super::{Api, PATIENCE, definition, json_of, on_both};
 
 /// Claims once as `worker` for `types`, waiting up to `wait` seconds.
@@ -71,15 +73,6 @@ fn result_of(c: &Value, outcome: Value) -> Value {
         .expect("an object")
         .extend(outcome.as_object().expect("an object").clone());
     item
-}
-
-fn task<'r>(report: &'r Value, key: &str) -> &'r Value {
-    report["tasks"]
-        .as_array()
-        .expect("tasks")
-        .iter()
-        .find(|t| t["key"] == key)
-        .unwrap_or_else(|| panic!("no task {key}: {report:#}"))
 }
 
 on_both!(a_remote_worker_claims_heartbeats_and_finishes, &[], |api| {
