@@ -1,8 +1,9 @@
 //! Concurrency limits in the embedded engine (docs/design/concurrency.md):
 //! a queued key never has more runs or tasks going than its `max` (read
 //! back from the event history), `cancel_newest` turns the newcomer away,
-//! `cancel_in_progress` cancels and rolls back the older run, and a key the
-//! input does not give refuses the start.
+//! `cancel_in_progress` cancels and rolls back the older run, a retried
+//! task waits at its gate again, and a key the input does not give refuses
+//! the start.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -251,6 +252,93 @@ async fn cancel_in_progress_rolls_back_what_the_older_run_finished() {
     assert_eq!(undo, ["succeeded"], "prepare was rolled back");
     // prepare ran twice (once per run) and was undone once.
     assert_eq!(holder.undone.get(), 3);
+}
+
+/// A retried task passes its own gate again: while another run's task
+/// holds the account's one slot, the reset task waits pending and says
+/// why; the kept task does not run again; once the slot is let go the
+/// retried run succeeds, and the two charges never overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_task_waits_at_its_own_gate_again() {
+    let holding = Arc::new(Notify::new());
+    let release = Arc::new(Notify::new());
+    let prepared = Counter::default();
+    let (h, r, p) = (holding.clone(), release.clone(), prepared.clone());
+    let s = scenario(move |b| {
+        b.concurrency(4)
+            .handler_fn("prep", move |_ctx: TaskContext| {
+                let p = p.clone();
+                async move {
+                    p.hit();
+                    Ok::<Value, HandlerError>(json!({}))
+                }
+            })
+            .handler_fn("charge", move |ctx: TaskContext| {
+                let (h, r) = (h.clone(), r.clone());
+                async move {
+                    if ctx.run_input["hold"] == json!(true) {
+                        h.notify_one();
+                        r.notified().await;
+                    } else if ctx.attempt == 1 {
+                        return Err(HandlerError::permanent("card declined"));
+                    }
+                    Ok::<Value, HandlerError>(json!({}))
+                }
+            })
+    })
+    .await;
+    let workflow = s
+        .publish_def(&json!({"name": "charges", "version": 1, "tasks": [
+            {"key": "prep", "task_type": "prep"},
+            {"key": "charge", "task_type": "charge", "depends_on": ["prep"],
+             "concurrency": {"key": "$.account", "max": 1}}]}))
+        .await;
+    let serving = s.engine.serve(Scope::All);
+    let declined = s.engine.start(workflow, json!({"account": 7})).await.expect("start");
+    let state = within("the first charge to fail", s.engine.wait(declined))
+        .await
+        .expect("wait");
+    assert_eq!(state, RunState::Failed);
+    let holder = s
+        .engine
+        .start(workflow, json!({"account": 7, "hold": true}))
+        .await
+        .expect("start");
+    within("the other run to hold the slot", holding.notified()).await;
+
+    let retry = s.engine.retry(declined, &[], false).await.expect("retry");
+    let set: Vec<(&str, TaskRunState, u32)> = retry
+        .resets
+        .iter()
+        .map(|r| (r.key.as_str(), r.to, r.pending_deps))
+        .collect();
+    assert_eq!(set, [("charge", TaskRunState::Pending, 1)], "held at its gate");
+    let waiting = s.task(declined, "charge").await;
+    assert_eq!(
+        (waiting.state, waiting.blocked_by.as_deref()),
+        (TaskRunState::Pending, Some("concurrency:7"))
+    );
+    release.notify_one();
+    let state = within("the retried run to end", s.engine.wait(declined))
+        .await
+        .expect("wait");
+    assert_eq!(state, RunState::Succeeded);
+    within("the holder to end", s.engine.wait(holder)).await.expect("wait");
+    serving.stop().await.expect("a clean stop");
+    assert_eq!(prepared.get(), 2, "the kept prep did not run again");
+    let last = |d: &RunDetail, edge: &str| {
+        d.events
+            .iter()
+            .filter(|e| e.task.as_deref() == Some("charge") && e.transition == edge)
+            .map(|e| e.at)
+            .next_back()
+            .expect("the charge's edge is in its history")
+    };
+    let (held, retried) = (s.detail(holder).await, s.detail(declined).await);
+    assert!(
+        last(&held, "succeed") <= last(&retried, "claim"),
+        "the retried charge waited for the slot"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
