@@ -403,6 +403,7 @@ impl RunStore for PgStore {
         worker: &WorkerId,
         lease: Duration,
         max: u32,
+        aging: Duration,
     ) -> Result<Vec<Claim>, store::Error> {
         if max == 0 || task_types.is_empty() {
             return Ok(Vec::new());
@@ -413,6 +414,7 @@ impl RunStore for PgStore {
             .bind(i64::from(max))
             .bind(&worker.0)
             .bind(interval(lease)?)
+            .bind(aging.as_secs_f64() * 1_000_000.0)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(store_error)?;

@@ -350,6 +350,7 @@ impl RunStore for SqliteStore {
         worker: &WorkerId,
         lease: Duration,
         max: u32,
+        aging: Duration,
     ) -> Result<Vec<Claim>, store::Error> {
         if max == 0 || task_types.is_empty() {
             return Ok(Vec::new());
@@ -359,7 +360,12 @@ impl RunStore for SqliteStore {
             .inner
             .read()
             .await?
-            .call(sql(queries::READY_OF_TYPES).bind(types).bind(i64::from(max)))
+            .call(
+                sql(queries::READY_OF_TYPES)
+                    .bind(types)
+                    .bind(i64::from(max))
+                    .bind(i64::try_from(aging.as_millis()).unwrap_or(i64::MAX)),
+            )
             .await?;
         // Each candidate is claimed at the token it was read at: one that
         // a dispatch or another poller took meanwhile no longer matches

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flowforge_domain::limits::{self, Limits, ValueKind};
-use flowforge_ports::store::{Claim, FinishResult, LeaseStatus, TaskInputs, TaskOutcome, WorkerRegistration};
+use flowforge_ports::store::{
+    Claim, DEFAULT_PRIORITY_AGING, FinishResult, LeaseStatus, TaskInputs, TaskOutcome, WorkerRegistration,
+};
 use flowforge_ports::{RunId, Store, TaskRunId, WorkerId, WorkflowId};
 use futures_util::StreamExt;
 use serde_json::{Map, Value};
@@ -43,6 +45,9 @@ pub struct RemoteConfig {
     pub max_batch: u32,
     /// Output and input sizes (docs/design/data-flow.md#limits).
     pub limits: Limits,
+    /// The priority aging step claims are ordered by
+    /// (docs/design/priorities.md#aging).
+    pub aging: Duration,
 }
 
 impl Default for RemoteConfig {
@@ -53,6 +58,7 @@ impl Default for RemoteConfig {
             max_wait: Duration::from_secs(25),
             max_batch: 100,
             limits: Limits::default(),
+            aging: DEFAULT_PRIORITY_AGING,
         }
     }
 }
@@ -207,7 +213,10 @@ impl<S: Store> RemoteWork<S> {
         let until = Instant::now() + wait.min(self.config.max_wait);
         let mut pause = POLL_FIRST_PAUSE;
         loop {
-            let claims = self.store.claim_ready(task_types, worker, lease, max).await?;
+            let claims = self
+                .store
+                .claim_ready(task_types, worker, lease, max, self.config.aging)
+                .await?;
             if !claims.is_empty() {
                 let mut prepared = Vec::with_capacity(claims.len());
                 let mut read = HashMap::new();

@@ -78,9 +78,9 @@ macro_rules! claim_set {
 }
 
 /// What a claim returns, its `claim` event, and the claims as rows
-/// (closes the `claimed` CTE).
+/// (closes the `claimed` CTE), joined and ordered by `$order`.
 macro_rules! claim_tail {
-    () => {
+    ($order:literal) => {
         concat!(
             "
     RETURNING tr.id, tr.run_id, wr.workflow_id, tr.task_key, tr.compensate_for, tr.attempt, tr.attempt_base,
@@ -94,7 +94,8 @@ macro_rules! claim_tail {
 )
 SELECT c.id, c.run_id, c.workflow_id, c.task_key, c.compensate_for, c.attempt, c.attempt_base, c.fencing_token,
        c.lease_expires_at, c.run_pending AS woke_scheduler
-FROM claimed AS c ORDER BY c.id"
+FROM claimed AS c ",
+            $order
         )
     };
 }
@@ -114,22 +115,25 @@ pub const CLAIM: &str = concat!(
       -- A cancel request stops forward tasks; a rollback goes on
       -- (docs/design/cancellation.md#rollbacks-are-not-interrupted).
       AND (wr.cancel_requested_at IS NULL OR tr.compensate_for IS NOT NULL)",
-    claim_tail!()
+    claim_tail!("ORDER BY c.id")
 );
 
 /// claim_ready: the `claim` edge of [`CLAIM`] for up to `$3` ready rows of
-/// the task types `$2`, oldest first, skipping rows another claimer holds
-/// (`taskrun_ready_idx`). `$1` offset, `$2` task types, `$3` most rows,
-/// `$4` worker, `$5` lease.
+/// the task types `$2`, skipping rows another claimer holds, in the
+/// sweep's dispatch order: the readiness (the outbox row at the token the
+/// row is ready at) minus priority × `$6` microseconds of aging, then the
+/// readiness. `$1` offset, `$2` task types, `$3` most rows, `$4` worker,
+/// `$5` lease.
 pub const CLAIM_READY: &str = concat!(
     "WITH picked AS (
-    SELECT tr.id
+    SELECT tr.id, o.created_at - (o.priority * $6::float8) * interval '1 microsecond' AS rank_at, o.id AS readiness
     FROM task_run AS tr
     JOIN workflow_run AS wr ON wr.id = tr.run_id
     JOIN task AS t ON t.workflow_id = wr.workflow_id AND t.key = tr.task_key
+    JOIN outbox AS o ON o.task_run_id = tr.id AND o.fencing_token = tr.fencing_token
     WHERE tr.state = 'ready' AND t.task_type = ANY($2)
       AND (wr.cancel_requested_at IS NULL OR tr.compensate_for IS NOT NULL)
-    ORDER BY tr.id
+    ORDER BY rank_at, readiness
     LIMIT $3
     FOR UPDATE OF tr SKIP LOCKED
 ), claimed AS (
@@ -139,7 +143,7 @@ pub const CLAIM_READY: &str = concat!(
     "
     FROM picked, workflow_run AS wr
     WHERE tr.id = picked.id AND tr.state = 'ready' AND wr.id = tr.run_id",
-    claim_tail!()
+    claim_tail!("JOIN picked AS p USING (id) ORDER BY p.rank_at, p.readiness")
 );
 
 /// dispatch_is_current: the row is ready at the dispatch's token. `$1` id,

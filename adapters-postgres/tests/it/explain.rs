@@ -192,9 +192,14 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
             .bind(10_i64)
             .bind("w")
             .bind(zero)
+            .bind(300_000_000.0_f64)
     })
     .await;
-    assert_uses("claim_ready", &p, &[&["taskrun_ready_idx"]]);
+    assert_uses(
+        "claim_ready",
+        &p,
+        &[&["taskrun_ready_idx"], &["uniq_outbox_taskrun_token"]],
+    );
 
     let p = plan(&pool, queries::GAUGES, |q| q).await;
     assert_uses(

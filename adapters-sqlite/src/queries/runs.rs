@@ -136,16 +136,19 @@ pub(crate) const REPORT_PROGRESS: &str = concat!(
     renewed!()
 );
 
-/// claim_ready: the oldest ready rows of the task types `?1` (a JSON
-/// array), at most `?2`, with the token each is ready at; each is then
-/// claimed by [`CLAIM_CALL`] at that token (`taskrun_ready_idx`).
+/// claim_ready: the first ready rows of the task types `?1` (a JSON
+/// array), at most `?2`, in the sweep's dispatch order — the readiness
+/// (the outbox row at the token the row is ready at) minus priority ×
+/// `?3` milliseconds of aging, then the readiness — with the token each is
+/// ready at; each is then claimed by [`CLAIM_CALL`] at that token.
 pub(crate) const READY_OF_TYPES: &str = "\
 SELECT tr.id, tr.fencing_token FROM task_run tr \
 JOIN workflow_run r ON r.id = tr.run_id \
 JOIN task t ON t.workflow_id = r.workflow_id AND t.key = tr.task_key \
+JOIN outbox o ON o.task_run_id = tr.id AND o.fencing_token = tr.fencing_token \
 WHERE tr.state = 'ready' AND t.task_type IN (SELECT value FROM json_each(?1)) \
   AND (tr.compensate_for IS NOT NULL OR r.cancel_requested_at IS NULL) \
-ORDER BY tr.id LIMIT ?2";
+ORDER BY o.created_at - o.priority * ?3, o.id LIMIT ?2";
 
 /// dispatch_is_current: `?1` id, `?2` token.
 pub(crate) const DISPATCH_IS_CURRENT: &str =

@@ -132,6 +132,7 @@ async fn serve<S: Store>(store: S, global: &Global, args: &Args, embedded: bool)
     let remote = RemoteConfig {
         default_lease: global.lease(),
         limits: global.limits(),
+        aging: global.priority_aging(),
         // A long poll ends before the request timeout would cut it.
         max_wait: Duration::from_secs(args.request_timeout_seconds.saturating_sub(5).clamp(1, 25)),
         ..RemoteConfig::default()

@@ -126,6 +126,7 @@ macro_rules! store_contract_tests {
             a_later_rollback_reruns_the_compensators_of_its_generation,
             a_sweep_serves_the_highest_priority_first_and_fifo_within_one,
             a_task_keeps_its_own_priority_over_its_runs,
+            a_poll_claims_in_dispatch_order,
             gates_hold_back_what_they_guard_until_a_slot_is_free,
             a_task_gate_is_due_once_only_it_holds_the_task_back,
             racing_passes_never_hold_more_slots_than_the_pool_has,

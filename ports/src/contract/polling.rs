@@ -27,14 +27,19 @@ pub async fn claim_ready_takes_ready_rows_of_the_asked_types<F: StoreFactory>(fa
     let (a, b) = (view(&s, run, "a").await, view(&s, run, "b").await);
     let w = worker("poller");
     assert!(
-        s.claim_ready(&types(&["noop"]), &w, LONG, 0)
+        s.claim_ready(&types(&["noop"]), &w, LONG, 0, DEFAULT_PRIORITY_AGING)
             .await
             .expect("poll")
             .is_empty()
     );
-    assert!(s.claim_ready(&[], &w, LONG, 10).await.expect("poll").is_empty());
     assert!(
-        s.claim_ready(&types(&["undo", "nothing"]), &w, LONG, 10)
+        s.claim_ready(&[], &w, LONG, 10, DEFAULT_PRIORITY_AGING)
+            .await
+            .expect("poll")
+            .is_empty()
+    );
+    assert!(
+        s.claim_ready(&types(&["undo", "nothing"]), &w, LONG, 10, DEFAULT_PRIORITY_AGING)
             .await
             .expect("poll")
             .is_empty(),
@@ -42,7 +47,10 @@ pub async fn claim_ready_takes_ready_rows_of_the_asked_types<F: StoreFactory>(fa
     );
     assert!(s.dispatch_is_current(b.id, b.token).await.expect("current"));
 
-    let got = s.claim_ready(&types(&["echo"]), &w, LONG, 10).await.expect("poll");
+    let got = s
+        .claim_ready(&types(&["echo"]), &w, LONG, 10, DEFAULT_PRIORITY_AGING)
+        .await
+        .expect("poll");
     assert_eq!(got.len(), 1, "only the asked type");
     let c = &got[0];
     assert_eq!((c.task_run_id, c.run_id, c.task_key.as_str()), (b.id, run, "b"));
@@ -65,12 +73,12 @@ pub async fn claim_ready_takes_ready_rows_of_the_asked_types<F: StoreFactory>(fa
     assert!(!s.dispatch_is_current(TaskRunId(i64::MAX), 0).await.expect("current"));
 
     let got = s
-        .claim_ready(&types(&["noop", "echo"]), &w, LONG, 1)
+        .claim_ready(&types(&["noop", "echo"]), &w, LONG, 1, DEFAULT_PRIORITY_AGING)
         .await
         .expect("poll");
     assert_eq!(got.iter().map(|c| c.task_key.as_str()).collect::<Vec<_>>(), ["a"]);
     assert!(
-        s.claim_ready(&types(&["noop", "echo"]), &w, LONG, 10)
+        s.claim_ready(&types(&["noop", "echo"]), &w, LONG, 10, DEFAULT_PRIORITY_AGING)
             .await
             .expect("poll")
             .is_empty()
@@ -84,7 +92,13 @@ pub async fn claim_ready_skips_forward_tasks_of_cancel_requested_runs<F: StoreFa
     let run = start(&s, diamond()).await;
     s.request_cancel(run).await.expect("cancel").expect("the run exists");
     let got = s
-        .claim_ready(&types(&["noop", "echo"]), &worker("w"), LONG, 10)
+        .claim_ready(
+            &types(&["noop", "echo"]),
+            &worker("w"),
+            LONG,
+            10,
+            DEFAULT_PRIORITY_AGING,
+        )
         .await
         .expect("poll");
     assert!(got.is_empty(), "no forward task of a cancel-requested run is claimed");
@@ -108,9 +122,15 @@ pub async fn pollers_and_consumers_claim_each_row_once<F: StoreFactory>(factory:
         let (s, barrier) = (s.clone(), barrier.clone());
         handles.push(tokio::spawn(async move {
             barrier.wait().await;
-            s.claim_ready(&types(&["flaky"]), &worker(&format!("poller{i}")), LONG, 2)
-                .await
-                .expect("claim_ready")
+            s.claim_ready(
+                &types(&["flaky"]),
+                &worker(&format!("poller{i}")),
+                LONG,
+                2,
+                DEFAULT_PRIORITY_AGING,
+            )
+            .await
+            .expect("claim_ready")
         }));
     }
     for (i, (_, row)) in rows.iter().enumerate() {
@@ -136,7 +156,7 @@ pub async fn pollers_and_consumers_claim_each_row_once<F: StoreFactory>(factory:
     }
     // Whatever the race left ready is claimed by the next poll.
     let rest = s
-        .claim_ready(&types(&["flaky"]), &worker("late"), LONG, 100)
+        .claim_ready(&types(&["flaky"]), &worker("late"), LONG, 100, DEFAULT_PRIORITY_AGING)
         .await
         .expect("poll");
     assert_eq!(won.len() + rest.len(), RUNS, "every row claimed once in the end");

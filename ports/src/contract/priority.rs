@@ -1,5 +1,6 @@
 //! Contract cases: dispatch priorities (docs/design/priorities.md) — what
-//! a run and its tasks are dispatched at, and the order a sweep serves.
+//! a run and its tasks are dispatched at, and the order a sweep and a poll
+//! serve.
 
 use flowforge_domain::Priority;
 use serde_json::json;
@@ -17,6 +18,28 @@ fn starting_at(p: u8) -> StartOptions {
         priority: at(p),
         gates: Vec::new(),
     }
+}
+
+/// A workflow of one `noop` task.
+async fn one_task<S: Store>(s: &S) -> Published {
+    publish(
+        s,
+        json!({"name": "one", "version": 1, "tasks": [{"key": "t", "task_type": "noop"}]}),
+    )
+    .await
+}
+
+/// Starts a run at each of `priorities`, in order.
+async fn start_at<S: Store>(s: &S, p: &Published, priorities: &[u8]) -> Vec<RunId> {
+    let mut runs = Vec::new();
+    for &priority in priorities {
+        runs.push(
+            s.start_run_with(p.id, json!({}), &starting_at(priority))
+                .await
+                .expect("start"),
+        );
+    }
+    runs
 }
 
 /// The run ids and priorities of a sweep, in its order.
@@ -38,19 +61,8 @@ async fn swept<S: Store>(s: &S, aging: Duration) -> Vec<(RunId, u8)> {
 /// started at.
 pub async fn a_sweep_serves_the_highest_priority_first_and_fifo_within_one<F: StoreFactory>(factory: &F) {
     let (s, _) = fresh(factory).await;
-    let p = publish(
-        &s,
-        json!({"name": "one", "version": 1, "tasks": [{"key": "t", "task_type": "noop"}]}),
-    )
-    .await;
-    let mut runs = Vec::new();
-    for priority in [1, 9, 5, 9, 1] {
-        runs.push(
-            s.start_run_with(p.id, json!({}), &starting_at(priority))
-                .await
-                .expect("start"),
-        );
-    }
+    let p = one_task(&s).await;
+    let runs = start_at(&s, &p, &[1, 9, 5, 9, 1]).await;
     let default = s.start_run(p.id, json!({})).await.expect("start");
     assert_eq!(
         swept(&s, DEFAULT_PRIORITY_AGING).await,
@@ -123,11 +135,7 @@ pub async fn a_task_keeps_its_own_priority_over_its_runs<F: StoreFactory>(factor
 /// served after it, whatever its priority.
 pub async fn waiting_work_ages_ahead_of_later_urgent_work<F: StoreFactory>(factory: &F) {
     let (s, clock) = fresh(factory).await;
-    let p = publish(
-        &s,
-        json!({"name": "one", "version": 1, "tasks": [{"key": "t", "task_type": "noop"}]}),
-    )
-    .await;
+    let p = one_task(&s).await;
     let old = s.start_run_with(p.id, json!({}), &starting_at(0)).await.expect("start");
     clock.advance(Duration::from_secs(600));
     let new = s.start_run_with(p.id, json!({}), &starting_at(9)).await.expect("start");
@@ -135,4 +143,40 @@ pub async fn waiting_work_ages_ahead_of_later_urgent_work<F: StoreFactory>(facto
     // between them outweigh the wait; with a level per minute they do not.
     assert_eq!(swept(&s, Duration::from_secs(300)).await, [(new, 9), (old, 0)]);
     assert_eq!(swept(&s, Duration::from_secs(60)).await, [(old, 0), (new, 9)]);
+}
+
+/// A worker that polls claims in the sweep's order: the highest priority
+/// first, the oldest first within one, and waiting work ahead of urgent
+/// work that came more than the levels between them × `aging` later.
+pub async fn a_poll_claims_in_dispatch_order<F: StoreFactory>(factory: &F) {
+    let (s, clock) = fresh(factory).await;
+    let p = one_task(&s).await;
+    let noop = ["noop".to_owned()];
+    let w = worker("poller");
+    let claim = async |max: u32, aging: Duration| -> Vec<RunId> {
+        let got = s.claim_ready(&noop, &w, LONG, max, aging).await.expect("poll");
+        got.iter().map(|c| c.run_id).collect()
+    };
+    let runs = start_at(&s, &p, &[1, 9, 5, 9, 1]).await;
+    assert_eq!(
+        claim(10, DEFAULT_PRIORITY_AGING).await,
+        [runs[1], runs[3], runs[2], runs[0], runs[4]]
+    );
+
+    let old = s.start_run_with(p.id, json!({}), &starting_at(0)).await.expect("start");
+    clock.advance(Duration::from_secs(600));
+    let new = s.start_run_with(p.id, json!({}), &starting_at(9)).await.expect("start");
+    assert_eq!(
+        claim(1, Duration::from_secs(300)).await,
+        [new],
+        "nine levels outweigh ten minutes"
+    );
+    clock.advance(Duration::from_secs(600));
+    let newer = s.start_run_with(p.id, json!({}), &starting_at(9)).await.expect("start");
+    assert_eq!(
+        claim(1, Duration::from_secs(60)).await,
+        [old],
+        "twenty minutes outweigh nine levels"
+    );
+    assert_eq!(claim(1, Duration::from_secs(60)).await, [newer]);
 }

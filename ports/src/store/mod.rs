@@ -186,8 +186,13 @@ pub trait RunStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<Claim>, Error>> + Send;
 
     /// Claims up to `max` ready task runs whose task type is one of
-    /// `task_types`, oldest readiness first, for a worker that polls instead
-    /// of consuming dispatches (docs/design/handlers.md#remote-workers).
+    /// `task_types`, for a worker that polls instead of consuming
+    /// dispatches (docs/design/handlers.md#remote-workers), in dispatch
+    /// order as [`OutboxStore::begin_sweep`] takes them: by
+    /// [`order_key`](flowforge_domain::priority::order_key) of the
+    /// readiness (the outbox row at the token the row is ready at) and its
+    /// priority, with one level gained per `aging` of waiting, then by
+    /// readiness (docs/design/priorities.md).
     /// Each row is the same `claim` edge as [`RunStore::claim_task_run`] —
     /// token + 1, lease, event, a cancel-requested run's forward tasks
     /// refused — at the token the row holds, so a dispatch of that row
@@ -202,6 +207,7 @@ pub trait RunStore: Send + Sync + 'static {
         worker: &WorkerId,
         lease: Duration,
         max: u32,
+        aging: Duration,
     ) -> impl Future<Output = Result<Vec<Claim>, Error>> + Send;
 
     /// Whether the task run is still ready at `token`, i.e. whether a
