@@ -239,11 +239,11 @@ pub async fn the_strategies_cancel_the_newest_or_the_oldest_holder_with_their_re
 }
 
 /// A retried run passes its gates again (docs/design/concurrency.md#retries).
-/// A run turned away by `cancel_newest` settles cancelled with its
-/// reason; `resume_run` with its gates (counted in the resets by
-/// `hold_at_gates`) clears the reason, makes the gates waits again —
-/// already tried, so the strategy does not turn the retry away a second
-/// time — and flags the run. While the holder keeps the pool full the
+/// A run cancelled by its limit (the writes `cancel_newest` makes) settles
+/// cancelled with its reason; `resume_run` with its gates (counted in the
+/// resets by `hold_at_gates`) clears the reason, makes the gates waits
+/// again — already `tried`, which is what keeps the scheduler's strategy
+/// from acting on the retry a second time — and flags the run. While the holder keeps the pool full the
 /// reset task stays pending and says why; once the holder lets go the run
 /// passes and its task is dispatched at its new token.
 pub async fn a_retried_run_waits_at_its_gates_again<F: StoreFactory>(factory: &F) {
