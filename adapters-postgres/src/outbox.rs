@@ -16,7 +16,7 @@ use crate::error::store_error;
 use crate::queries;
 use crate::rows::priority;
 use crate::runs::scope_runs;
-use crate::store::PgStore;
+use crate::store::{PgStore, micros};
 
 #[derive(Debug, sqlx::FromRow)]
 struct OutboxRow {
@@ -135,9 +135,4 @@ impl OutboxSweep for PgSweep {
             .ok_or_else(|| store::Error::Other("the sweep has ended".to_owned()))?;
         tx.commit().await.map_err(store_error)
     }
-}
-
-/// `aging` in microseconds, as the sweep binds it.
-fn micros(aging: Duration) -> f64 {
-    aging.as_secs_f64() * 1_000_000.0
 }

@@ -26,7 +26,7 @@ use crate::notify::PgNotifier;
 use crate::pass::PgRunPass;
 use crate::queries;
 use crate::rows::{DetailRow, EventRow, SummaryRow, TaskRunRow, WaitRow, parse_name, to_u32, to_u64};
-use crate::store::{PgStore, interval};
+use crate::store::{PgStore, interval, micros};
 
 #[derive(Debug, sqlx::FromRow)]
 struct ClaimRow {
@@ -414,7 +414,7 @@ impl RunStore for PgStore {
             .bind(i64::from(max))
             .bind(&worker.0)
             .bind(interval(lease)?)
-            .bind(aging.as_secs_f64() * 1_000_000.0)
+            .bind(micros(aging))
             .fetch_all(&self.inner.pool)
             .await
             .map_err(store_error)?;

@@ -234,6 +234,12 @@ fn connect_options(url: &str, options: &PgOptions) -> Result<PgConnectOptions, s
     Ok(connect.options(settings))
 }
 
+/// A priority aging step in microseconds, as the dispatch-order
+/// statements bind it (docs/design/priorities.md).
+pub(crate) fn micros(aging: Duration) -> f64 {
+    aging.as_secs_f64() * 1_000_000.0
+}
+
 /// Converts a std duration to the interval bound into SQL, refusing the
 /// absurd (more than ~292 000 years) instead of wrapping.
 pub(crate) fn interval(d: Duration) -> Result<TimeDelta, store::Error> {

@@ -87,7 +87,14 @@ async fn hot_statements_use_their_indexes() {
             crate::queries::LIST_RUNS_PAGE,
             &["SEARCH r USING INDEX workflowrun_created_id_idx ((created_at,id)<(?,?))"],
         ),
-        ("claim_ready", crate::queries::READY_OF_TYPES, &["taskrun_ready_idx"]),
+        (
+            "claim_ready",
+            crate::queries::READY_OF_TYPES,
+            &[
+                "taskrun_ready_idx",
+                "SEARCH outbox USING INDEX sqlite_autoindex_outbox_1 (task_run_id=? AND fencing_token=?)",
+            ],
+        ),
         (
             "gauges",
             crate::queries::GAUGES,

@@ -145,10 +145,10 @@ pub(crate) const READY_OF_TYPES: &str = "\
 SELECT tr.id, tr.fencing_token FROM task_run tr \
 JOIN workflow_run r ON r.id = tr.run_id \
 JOIN task t ON t.workflow_id = r.workflow_id AND t.key = tr.task_key \
-JOIN outbox o ON o.task_run_id = tr.id AND o.fencing_token = tr.fencing_token \
+JOIN outbox ON outbox.task_run_id = tr.id AND outbox.fencing_token = tr.fencing_token \
 WHERE tr.state = 'ready' AND t.task_type IN (SELECT value FROM json_each(?1)) \
   AND (tr.compensate_for IS NOT NULL OR r.cancel_requested_at IS NULL) \
-ORDER BY o.created_at - o.priority * ?3, o.id LIMIT ?2";
+ORDER BY outbox.created_at - outbox.priority * ?3, outbox.id LIMIT ?2";
 
 /// dispatch_is_current: `?1` id, `?2` token.
 pub(crate) const DISPATCH_IS_CURRENT: &str =
