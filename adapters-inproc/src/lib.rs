@@ -152,6 +152,11 @@ impl DispatchPublisher for InprocQueue {
         }
         results
     }
+
+    /// What it holds dies with the process.
+    fn durable(&self) -> bool {
+        false
+    }
 }
 
 impl DispatchQueue for InprocQueue {

@@ -100,6 +100,15 @@ impl OutboxStore for PgStore {
             held,
         }))
     }
+
+    async fn rearm_lost_dispatches(&self, scope: Scope) -> Result<u64, store::Error> {
+        let done = sqlx::query(queries::REARM_LOST)
+            .bind(scope_runs(&scope))
+            .execute(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        Ok(done.rows_affected())
+    }
 }
 
 impl OutboxSweep for PgSweep {

@@ -163,6 +163,12 @@ impl DispatchPublisher for RabbitPublisher {
         outcome.results
     }
 
+    /// Quorum queues keep persistent messages across restarts of the broker
+    /// and of every client.
+    fn durable(&self) -> bool {
+        true
+    }
+
     /// What fills [`RabbitConfig::dispatch_window`](crate::RabbitConfig):
     /// the window less the messages already waiting ready. Unbounded, or a
     /// queue nobody declared yet (a publish would come back unroutable,

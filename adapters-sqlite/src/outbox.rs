@@ -111,6 +111,16 @@ impl OutboxStore for SqliteStore {
             marked: Vec::new(),
         }))
     }
+
+    async fn rearm_lost_dispatches(&self, scope: Scope) -> Result<u64, store::Error> {
+        let rows = self
+            .inner
+            .write()
+            .await?
+            .call(sql(queries::REARM_LOST).bind(scope_key(&scope)))
+            .await?;
+        Ok(rows.len() as u64)
+    }
 }
 
 impl OutboxSweep for SqliteSweep {

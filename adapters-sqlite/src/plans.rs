@@ -30,7 +30,7 @@ async fn hot_statements_use_their_indexes() {
     let store = SqliteStore::connect("sqlite::memory:", Arc::new(SystemClock))
         .await
         .expect("connect");
-    let cases: [(&str, &'static str, &[&str]); 15] = [
+    let cases: [(&str, &'static str, &[&str]); 16] = [
         ("claim", crate::queries::CLAIM_UPDATE, &["INTEGER PRIMARY KEY"]),
         ("reaper", crate::queries::EXPIRED_LEASES, &["taskrun_lease_expiry_idx"]),
         (
@@ -90,6 +90,14 @@ async fn hot_statements_use_their_indexes() {
         (
             "claim_ready",
             crate::queries::READY_OF_TYPES,
+            &[
+                "taskrun_ready_idx",
+                "SEARCH outbox USING INDEX sqlite_autoindex_outbox_1 (task_run_id=? AND fencing_token=?)",
+            ],
+        ),
+        (
+            "rearm_lost_dispatches",
+            crate::queries::REARM_LOST,
             &[
                 "taskrun_ready_idx",
                 "SEARCH outbox USING INDEX sqlite_autoindex_outbox_1 (task_run_id=? AND fencing_token=?)",

@@ -134,6 +134,25 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
         })
     }
 
+    /// One sweep of the loop, after re-arming, the first time, what a
+    /// queue that died with its process took with it
+    /// (docs/design/outbox-and-queues.md#a-queue-that-dies-with-its-process):
+    /// such a queue starts empty, so every published row of a task run
+    /// still ready at its token is a dispatch nobody will deliver.
+    async fn sweep(&self, lost: &mut bool) -> Result<SweepReport, Error> {
+        if *lost {
+            let rows = self.store.rearm_lost_dispatches(self.config.scope.clone()).await?;
+            if rows > 0 {
+                tracing::warn!(
+                    rows,
+                    "publishing again the dispatches an earlier process's queue took with it"
+                );
+            }
+            *lost = false;
+        }
+        self.publish_once().await
+    }
+
     /// Sweeps until `shutdown`, woken by new outbox rows; backs off (capped,
     /// jittered) while the queue or the store is unavailable. A queue-type
     /// mismatch is fatal: no retry can fix it.
@@ -141,9 +160,10 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
         let notifier = self.store.notifier().await?;
         let mut failures = 0u32;
         let mut full_polls = 0u32;
+        let mut lost = !self.queue.durable();
         loop {
             let mut wait = self.config.safety_net;
-            match self.publish_once().await {
+            match self.sweep(&mut lost).await {
                 Ok(report) => {
                     failures = 0;
                     if report.more {

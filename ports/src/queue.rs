@@ -103,6 +103,12 @@ pub trait DispatchPublisher: Send + Sync + 'static {
     fn room(&self) -> impl Future<Output = Result<Option<u32>, Error>> + Send {
         std::future::ready(Ok(None))
     }
+
+    /// Whether a published dispatch outlives this process. A broker's
+    /// queue keeps it; an in-process queue loses what it held when its
+    /// process ends, so its publisher first re-arms those rows
+    /// ([`OutboxStore::rearm_lost_dispatches`](crate::OutboxStore::rearm_lost_dispatches)).
+    fn durable(&self) -> bool;
 }
 
 /// A queue that hands out consumers.

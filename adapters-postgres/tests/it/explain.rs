@@ -201,6 +201,13 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
         &[&["taskrun_ready_idx"], &["uniq_outbox_taskrun_token"]],
     );
 
+    let p = plan(&pool, queries::REARM_LOST, |q| q.bind(None::<Vec<uuid::Uuid>>)).await;
+    assert_uses(
+        "rearm_lost_dispatches",
+        &p,
+        &[&["taskrun_ready_idx"], &["uniq_outbox_taskrun_token"]],
+    );
+
     let p = plan(&pool, queries::GAUGES, |q| q).await;
     assert_uses(
         "gauges",

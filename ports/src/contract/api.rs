@@ -13,8 +13,8 @@ use tokio::sync::Barrier;
 use crate::clock::Clock;
 use crate::ids::RunId;
 use crate::store::{
-    DefinitionStore, Gauges, IdempotencyKey, KeyedStart, NewToken, OutboxStore, OutboxSweep, RunCursor, RunPass,
-    RunQuery, RunStore, RunSummary, Scope, StartOptions, TokenError, TokenStatus, TokenStore,
+    DefinitionStore, Gauges, IdempotencyKey, KeyedStart, NewToken, RunCursor, RunPass, RunQuery, RunStore, RunSummary,
+    StartOptions, TokenError, TokenStatus, TokenStore,
 };
 
 use super::*;
@@ -481,14 +481,7 @@ pub async fn gauges_count_active_work_and_the_store_is_ready<F: StoreFactory>(fa
         }
     );
     claim(&s, run, "a", "w", LONG).await;
-    let mut sweep = s
-        .begin_sweep(Scope::All, 1, DEFAULT_PRIORITY_AGING)
-        .await
-        .expect("sweep")
-        .expect("rows");
-    let published: Vec<_> = sweep.dispatches().iter().map(|d| d.dispatch_id).collect();
-    sweep.mark_published(&published).await.expect("mark");
-    sweep.commit().await.expect("commit");
+    sweep_published(&s, 1).await;
     assert_eq!(
         s.gauges().await.expect("gauges"),
         Gauges {

@@ -23,7 +23,7 @@ use flowforge_domain::{TaskRunState, WorkflowDefinition, WorkflowDocument};
 use serde_json::{Value, json};
 
 use crate::clock::ManualClock;
-use crate::ids::{RunId, WorkerId};
+use crate::ids::{DispatchId, RunId, WorkerId};
 use crate::queue::Dispatch;
 use crate::store::{
     Claim, DEFAULT_PRIORITY_AGING, EventView, FinishResult, Notifier, OutboxSweep, Published, RunPass, Scope, Store,
@@ -92,6 +92,7 @@ macro_rules! store_contract_tests {
             writes_wake_the_loops_that_wait_for_them,
             outbox_sweeps_oldest_first_within_limit_and_scope,
             concurrent_sweeps_never_share_a_row,
+            lost_dispatches_are_rearmed_within_their_scope,
             get_run_and_list_runs_report_runs,
             task_inputs_read_the_run_input_and_outputs,
             worker_registry_tracks_workers_and_live_task_types,
@@ -303,6 +304,20 @@ pub(super) async fn unpublished<S: Store>(s: &S, scope: Scope) -> Vec<Dispatch> 
         Some(sweep) => sweep.dispatches().to_vec(),
         None => Vec::new(),
     }
+}
+
+/// Publishes the first `limit` unpublished rows in dispatch order (an
+/// outbox sweep committed as if a queue took them all); returns their ids.
+pub(super) async fn sweep_published<S: Store>(s: &S, limit: u32) -> Vec<DispatchId> {
+    let mut sweep = s
+        .begin_sweep(Scope::All, limit, DEFAULT_PRIORITY_AGING)
+        .await
+        .expect("sweep")
+        .expect("rows");
+    let ids: Vec<_> = sweep.dispatches().iter().map(|d| d.dispatch_id).collect();
+    sweep.mark_published(&ids).await.expect("mark");
+    sweep.commit().await.expect("commit");
+    ids
 }
 
 pub(super) async fn dispatches_of<S: Store>(s: &S, run: RunId, key: &str) -> Vec<Dispatch> {

@@ -62,14 +62,7 @@ pub async fn outbox_sweeps_oldest_first_within_limit_and_scope<F: StoreFactory>(
     drop(sweep);
     assert_eq!(unpublished(&s, Scope::All).await.len(), 4, "still unpublished");
 
-    let mut sweep = s
-        .begin_sweep(Scope::All, 2, DEFAULT_PRIORITY_AGING)
-        .await
-        .expect("sweep")
-        .expect("rows");
-    let ids: Vec<_> = sweep.dispatches().iter().map(|d| d.dispatch_id).collect();
-    sweep.mark_published(&ids).await.expect("mark");
-    sweep.commit().await.expect("commit");
+    let ids = sweep_published(&s, 2).await;
     let rest = unpublished(&s, Scope::All).await;
     assert_eq!(rest.len(), 2);
     assert!(
@@ -131,4 +124,50 @@ pub async fn concurrent_sweeps_never_share_a_row<F: StoreFactory>(factory: &F) {
         seen.extend(ids);
     }
     assert_eq!(seen.len(), total, "no row was handed to both sweeps");
+}
+
+/// Published rows whose task run is still ready at the row's token are
+/// unpublished again, within the scope asked, in their dispatch order;
+/// a row whose task run was claimed since stays published.
+pub async fn lost_dispatches_are_rearmed_within_their_scope<F: StoreFactory>(factory: &F) {
+    let (s, _) = fresh(factory).await;
+    let p = publish(&s, diamond()).await;
+    let first = s.start_run(p.id, json!({})).await.expect("start");
+    let second = s.start_run(p.id, json!({})).await.expect("start");
+    assert_eq!(
+        s.rearm_lost_dispatches(Scope::All).await.expect("rearm"),
+        0,
+        "nothing published, nothing lost"
+    );
+    let published = unpublished(&s, Scope::All).await;
+    assert_eq!(sweep_published(&s, 10).await.len(), 4);
+    claim(&s, first, "a", "w", LONG).await;
+
+    assert_eq!(s.rearm_lost_dispatches(Scope::Run(second)).await.expect("rearm"), 2);
+    let again = unpublished(&s, Scope::All).await;
+    assert!(
+        again.iter().all(|d| d.run_id == second),
+        "only the scope's rows: {again:?}"
+    );
+    assert_eq!(again.len(), 2);
+
+    assert_eq!(
+        s.rearm_lost_dispatches(Scope::All).await.expect("rearm"),
+        1,
+        "the claimed row stays published"
+    );
+    let expected: Vec<Dispatch> = published
+        .into_iter()
+        .filter(|d| !(d.run_id == first && d.task_key == "a"))
+        .collect();
+    assert_eq!(
+        unpublished(&s, Scope::All).await,
+        expected,
+        "re-armed rows come back as they were, in their dispatch order"
+    );
+    assert_eq!(
+        s.rearm_lost_dispatches(Scope::All).await.expect("rearm"),
+        0,
+        "idempotent"
+    );
 }

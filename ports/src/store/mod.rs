@@ -520,6 +520,14 @@ pub trait OutboxStore: Send + Sync + 'static {
         limit: u32,
         aging: Duration,
     ) -> impl Future<Output = Result<Option<Self::Sweep>, Error>> + Send;
+
+    /// Marks unpublished again the published rows of `scope`'s runs whose
+    /// task run is still ready at the row's token, and returns how many:
+    /// the dispatches a queue that does not outlive its process took with
+    /// it (docs/design/outbox-and-queues.md#a-queue-that-dies-with-its-process).
+    /// Publishing such a row again is always safe: a dispatch whose task
+    /// run was claimed meanwhile claims nothing.
+    fn rearm_lost_dispatches(&self, scope: Scope) -> impl Future<Output = Result<u64, Error>> + Send;
 }
 
 /// One outbox sweep. Dropping it without commit leaves every row unpublished.

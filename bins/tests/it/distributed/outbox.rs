@@ -279,6 +279,10 @@ impl<P: DispatchPublisher> DispatchPublisher for Recording<P> {
         }
         results
     }
+
+    fn durable(&self) -> bool {
+        self.inner.durable()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -216,6 +216,10 @@ impl DispatchPublisher for Stalling {
         }
         self.inner.publish(batch).await
     }
+
+    fn durable(&self) -> bool {
+        self.inner.durable()
+    }
 }
 
 /// A store whose connections carry a short idle-in-transaction bound.

@@ -52,7 +52,11 @@ pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
 pub(crate) struct Scenario {
     pub(crate) engine: Arc<EmbeddedEngine>,
     pub(crate) clock: Arc<ManualClock>,
-    _dir: TempDir,
+    dir: TempDir,
+}
+
+fn database_in(dir: &TempDir) -> String {
+    format!("sqlite://{}", dir.path().join("flowforge.db").display())
 }
 
 /// Builds a scenario: a fresh database file, a [`ManualClock`], a long
@@ -61,9 +65,8 @@ pub(crate) struct Scenario {
 pub(crate) async fn scenario(configure: impl FnOnce(EmbeddedBuilder) -> EmbeddedBuilder) -> Scenario {
     let dir = tempfile::tempdir().expect("a temp folder");
     let clock = Arc::new(ManualClock::default());
-    let url = format!("sqlite://{}", dir.path().join("flowforge.db").display());
     let builder = Embedded::builder()
-        .database(url)
+        .database(database_in(&dir))
         .clock(clock.clone())
         .lease(LONG_LEASE)
         .concurrency(2);
@@ -71,7 +74,7 @@ pub(crate) async fn scenario(configure: impl FnOnce(EmbeddedBuilder) -> Embedded
     Scenario {
         engine: Arc::new(engine),
         clock,
-        _dir: dir,
+        dir,
     }
 }
 
@@ -87,6 +90,12 @@ impl Scenario {
     pub(crate) async fn start(&self, definition: Value, input: Value) -> RunId {
         let workflow = self.publish_def(&definition).await;
         self.engine.start(workflow, input).await.expect("start")
+    }
+
+    /// The database's URL, for another engine over the same file (a later
+    /// process).
+    pub(crate) fn database_url(&self) -> String {
+        database_in(&self.dir)
     }
 
     /// The in-process queue.

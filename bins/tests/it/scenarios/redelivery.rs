@@ -1,18 +1,20 @@
 //! At-least-once delivery without double execution
 //! (docs/design/outbox-and-queues.md#redelivery): a dispatch delivered again —
 //! while its task runs, or after it finished — matches no claim, is acked
-//! without running, and leaves the history alone.
+//! without running, and leaves the history alone; and a dispatch the
+//! in-process queue took with its process is published again by the next
+//! (docs/design/outbox-and-queues.md#a-queue-that-dies-with-its-process).
 
 use std::sync::Arc;
 
-use flowforge::{HandlerError, RunState, TaskContext};
+use flowforge::{Embedded, HandlerError, RunState, TaskContext};
 use flowforge_app::worker::Handled;
 use flowforge_domain::TaskRunState;
-use flowforge_ports::{Delivery, DispatchPublisher, FinishResult};
+use flowforge_ports::{Delivery, DispatchPublisher, FinishResult, Scope};
 use serde_json::json;
 use tokio::sync::Notify;
 
-use super::{Counter, scenario, task_of, transitions, within};
+use super::{Counter, LONG_LEASE, history, scenario, task_of, transitions, within};
 
 #[tokio::test]
 async fn a_redelivered_dispatch_is_not_executed_again() {
@@ -84,4 +86,48 @@ async fn a_redelivered_dispatch_is_not_executed_again() {
     let once = task_of(&after, "once");
     assert_eq!((once.attempt, once.output.clone()), (1, Some(json!({"call": 1}))));
     assert_eq!(transitions(&after, "once"), ["claim", "succeed"]);
+}
+
+#[tokio::test]
+async fn a_dispatch_lost_with_the_last_process_is_published_again() {
+    let s = scenario(|b| b).await;
+    let run = s
+        .start(
+            json!({"name": "chain", "version": 1, "tasks": [
+                {"key": "first", "task_type": "noop"},
+                {"key": "second", "task_type": "noop", "depends_on": ["first"]}
+            ]}),
+            json!({}),
+        )
+        .await;
+    assert_eq!(s.publish(run).await, 1);
+    assert!(matches!(s.work_one().await, Some(Handled::Finished(_))));
+    s.schedule(run).await;
+    // The second task's dispatch is published into this engine's queue,
+    // which nobody consumes again: the process that held it is gone.
+    assert_eq!(s.publish(run).await, 1);
+    assert_eq!(s.task(run, "second").await.state, TaskRunState::Ready);
+
+    let next = Embedded::builder()
+        .database(s.database_url())
+        .clock(s.clock.clone())
+        .lease(LONG_LEASE)
+        .build()
+        .await
+        .expect("the next process's engine");
+    let serving = next.serve(Scope::All);
+    assert_eq!(
+        within("the next process to finish the run", next.wait(run))
+            .await
+            .expect("wait"),
+        RunState::Succeeded
+    );
+    serving.stop().await.expect("stop");
+    let claims = history(&s.detail(run).await, "second")
+        .into_iter()
+        .filter(|(transition, ..)| transition == "claim")
+        .count();
+    assert_eq!(claims, 1);
+    // Had the earlier process lived on, its copy claims nothing.
+    assert_eq!(s.work_one().await, Some(Handled::Skipped));
 }
