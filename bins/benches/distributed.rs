@@ -47,9 +47,7 @@ mod cpu;
 mod support;
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -68,172 +66,18 @@ use flowforge_ports::store::{
 use flowforge_ports::{
     Dispatch, DispatchId, DispatchPublisher, RunId, Scope, SystemClock, TaskRunId, WorkerId, WorkflowId,
 };
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use serde_json::{Value, json};
+use support::cluster::{Broker, Processes};
 use support::{
-    BenchDb, LEASE, Server, amqp, chain, chain_key, dag40, env_number, fanout, median, ms, percentile, pgbench_prepare,
+    BenchDb, LEASE, Server, chain, chain_key, dag40, env_number, fanout, median, ms, percentile, pgbench_prepare,
     pgbench_update, publish, round,
 };
 
-/// The release binary under test.
-const BIN: &str = env!("CARGO_BIN_EXE_flowforge");
 const DEFAULT_AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// Hops sampled for the floor.
 const FLOOR_SAMPLES: usize = 100;
 /// The scenarios, in the order they run when none is named.
 const SCENARIOS: [&str; 4] = ["chain40", "chain", "fanout", "concurrent"];
-
-/// The queues and exchanges this benchmark declared, deleted on drop.
-struct Broker {
-    url: String,
-    queues: Vec<String>,
-    exchanges: Vec<String>,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        for q in &self.queues {
-            match amqp::delete_queue(&self.url, q) {
-                Ok(n) => eprintln!("deleted queue {q} ({n} messages left in it)"),
-                Err(e) => eprintln!("could not delete queue {q}: {e}"),
-            }
-        }
-        for x in &self.exchanges {
-            match amqp::delete_exchange(&self.url, x) {
-                Ok(()) => eprintln!("deleted exchange {x}"),
-                Err(e) => eprintln!("could not delete exchange {x}: {e}"),
-            }
-        }
-    }
-}
-
-/// The `flowforge` processes this benchmark started. Dropping stops each
-/// by its own pid: SIGTERM, up to 10 s to exit, then SIGKILL.
-struct Processes {
-    /// Worker slots started (consumers with prefetch 1).
-    slots: usize,
-    global: Vec<String>,
-    logs: tempfile::TempDir,
-    children: Vec<(String, Child)>,
-}
-
-impl Processes {
-    fn new(global: Vec<String>) -> Self {
-        Self {
-            slots: 0,
-            global,
-            logs: tempfile::tempdir().expect("a folder for the process logs"),
-            children: Vec::new(),
-        }
-    }
-
-    fn log_path(&self, name: &str) -> PathBuf {
-        self.logs.path().join(format!("{name}.log"))
-    }
-
-    fn command(&self, name: &str, args: &[&str]) -> Command {
-        let log = File::create(self.log_path(name)).expect("a log file");
-        let mut cmd = Command::new(BIN);
-        cmd.args(&self.global)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log file"))
-            .stderr(log);
-        cmd
-    }
-
-    /// Runs a one-shot command to completion.
-    fn run(&self, name: &str, args: &[&str]) {
-        let status = self.command(name, args).status().expect("running flowforge");
-        assert!(
-            status.success(),
-            "flowforge {name} failed ({status}):\n{}",
-            self.tail(name)
-        );
-    }
-
-    fn spawn(&mut self, name: &str, args: &[&str]) -> u32 {
-        let child = self.command(name, args).spawn().expect("starting flowforge");
-        let pid = child.id();
-        eprintln!("started flowforge {name} (pid {pid})");
-        self.children.push((name.to_owned(), child));
-        pid
-    }
-
-    /// The pids of the processes whose name starts with `prefix`.
-    fn pids(&self, prefix: &str) -> Vec<u32> {
-        self.children
-            .iter()
-            .filter(|(n, _)| n.starts_with(prefix))
-            .map(|(_, c)| c.id())
-            .collect()
-    }
-
-    fn tail(&self, name: &str) -> String {
-        let text = std::fs::read_to_string(self.log_path(name)).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-
-    /// Panics (with its log) if a process has exited.
-    fn check_alive(&mut self) {
-        let mut dead = Vec::new();
-        for (name, child) in &mut self.children {
-            if let Ok(Some(status)) = child.try_wait() {
-                dead.push((name.clone(), status));
-            }
-        }
-        if let Some((name, status)) = dead.first() {
-            panic!("flowforge {name} exited ({status}):\n{}", self.tail(name));
-        }
-    }
-
-    /// The last lines of every process's log.
-    fn all_tails(&self) -> String {
-        self.children
-            .iter()
-            .map(|(name, _)| format!("--- {name}\n{}", self.tail(name)))
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-
-    fn stop(&mut self) {
-        for (name, child) in &mut self.children {
-            let Ok(pid) = i32::try_from(child.id()) else { continue };
-            // Only our own child, by its pid: never 0, never a group.
-            if pid > 0 && matches!(child.try_wait(), Ok(None)) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-                eprintln!("sent SIGTERM to flowforge {name} (pid {pid})");
-            }
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for (name, child) in &mut self.children {
-            loop {
-                match child.try_wait() {
-                    Ok(Some(status)) => {
-                        eprintln!("flowforge {name} exited ({status})");
-                        break;
-                    }
-                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-                    _ => {
-                        eprintln!("flowforge {name} did not stop in time: SIGKILL");
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break;
-                    }
-                }
-            }
-        }
-        self.children.clear();
-    }
-}
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 /// Waits until every run of `runs` is terminal, woken by the store's
 /// run-settled notifications (and a slow re-check); returns their summaries.

@@ -1,5 +1,5 @@
-//! Shared by the `embedded`, `postgres` and `distributed` benchmarks
-//! (included by each with `mod support;`): the benchmark workflow
+//! Shared by the benchmarks and the fault matrix (included by each with
+//! `mod support;`): the `flowforge` processes they start, the workflow
 //! definitions, the PostgreSQL server and throw-away databases (through
 //! `psql`, since this crate links no SQL client of its own), the pgbench
 //! conditional-UPDATE ceiling, a minimal AMQP client that deletes the
@@ -326,6 +326,8 @@ pub(crate) fn round(x: f64, digits: i32) -> f64 {
 /// A minimal AMQP 0-9-1 client over a blocking socket: just enough to
 /// delete the queues and exchanges a benchmark declared (this crate links
 /// no AMQP client; the adapter declares but never deletes).
+pub(crate) mod cluster;
+
 pub(crate) mod amqp {
     use std::io::{self, Read, Write};
     use std::net::TcpStream;
