@@ -240,7 +240,7 @@ fn run_suite(suite: &str) -> Result<Vec<Value>> {
     Ok(results)
 }
 
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let sh = |cmd: &str| {
         Command::new("sh")
             .args(["-c", cmd])

@@ -15,6 +15,9 @@
 //!    the tests started through flowforge-testkit (when `DATABASE_URL` /
 //!    `AMQP_URL` are unset), which nextest's captured output would hide,
 //!    and removes them
+//! 8. the fault matrix, quick (`cargo xtask chaos --quick --dev --check`,
+//!    see [`crate::chaos`]) on the machine's PostgreSQL and RabbitMQ; not
+//!    with `--allow-skips`, which promises no services
 //!
 //! Each step prints its duration; the first failing step stops the run,
 //! and the error names it.
@@ -61,8 +64,9 @@ struct Step {
     action: Action,
 }
 
-/// The steps, in order. Tests with nextest when it is installed.
-fn steps(nextest: bool) -> Vec<Step> {
+/// The steps, in order. Tests with nextest when it is installed; the fault
+/// matrix only when the services are required (it needs them).
+fn steps(nextest: bool, services: bool) -> Vec<Step> {
     let cargo_step = |name, args: &[&'static str]| Step {
         name,
         action: Action::Cargo(args.to_vec()),
@@ -107,6 +111,12 @@ fn steps(nextest: bool) -> Vec<Step> {
         name: "test containers",
         action: Action::InProcess(test_containers),
     });
+    if services {
+        steps.push(Step {
+            name: "fault matrix (quick)",
+            action: Action::InProcess(|| crate::chaos::run(&["--quick", "--dev", "--check"].map(String::from))),
+        });
+    }
     steps
 }
 
@@ -158,11 +168,12 @@ fn test_containers() -> Result<()> {
 
 /// `cargo xtask ci`.
 pub(crate) fn run(args: &[String]) -> Result<()> {
-    let env = service_env(allow_skips(args)?);
+    let skips = allow_skips(args)?;
+    let env = service_env(skips);
     if !cargo_has("deny") {
         bail!("cargo-deny is not installed: run `cargo install cargo-deny --locked` (or use .ci/run, which does)");
     }
-    let steps = steps(cargo_has("nextest"));
+    let steps = steps(cargo_has("nextest"), !skips);
     let total = steps.len();
     let mut timings: Vec<(&str, Duration)> = Vec::new();
     let started = Instant::now();
@@ -257,14 +268,14 @@ fn secs(d: Duration) -> String {
 mod tests {
     use super::*;
 
-    fn names(nextest: bool) -> Vec<&'static str> {
-        steps(nextest).iter().map(|s| s.name).collect()
+    fn names(nextest: bool, services: bool) -> Vec<&'static str> {
+        steps(nextest, services).iter().map(|s| s.name).collect()
     }
 
     #[test]
     fn the_steps_run_in_the_documented_order() {
         assert_eq!(
-            names(false),
+            names(false, false),
             [
                 "fmt",
                 "clippy",
@@ -276,7 +287,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            names(true),
+            names(true, true),
             [
                 "fmt",
                 "clippy",
@@ -285,7 +296,8 @@ mod tests {
                 "deny (domain)",
                 "tests (nextest)",
                 "doc tests",
-                "test containers"
+                "test containers",
+                "fault matrix (quick)"
             ]
         );
     }
@@ -307,7 +319,7 @@ mod tests {
 
     #[test]
     fn advisories_are_never_checked() {
-        for step in steps(true) {
+        for step in steps(true, true) {
             if let Action::Cargo(args) = &step.action {
                 assert!(!args.contains(&"advisories") && !args.contains(&"all"), "{args:?}");
             }

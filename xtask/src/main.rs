@@ -19,6 +19,8 @@
 //!   `ci` (it edits the tree); run it after touching the guards.
 //! * `cargo xtask bench` ([`bench`]) — the benchmark suites, written down
 //!   beside their targets in `BENCHMARKS.md`.
+//! * `cargo xtask chaos` ([`chaos`]) — the fault matrix, its table
+//!   written into `RELIABILITY.md`; `--quick --dev --check` is a CI step.
 //! * `cargo xtask images` ([`images`]) — the `flowforge` image and the
 //!   compose stack's service images, from local bases (no registry).
 //! * `cargo xtask compose-smoke` ([`compose_smoke`]) — the compose stack
@@ -33,6 +35,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod bench;
+mod chaos;
 mod check_deps;
 mod ci;
 mod compose_smoke;
@@ -60,6 +63,9 @@ commands:
   deny-selftest   prove check-deps and cargo deny reject tokio in domain
   bench [SUITE…]  run the benchmarks (embedded, postgres, distributed) and
                   write their figures beside the targets in BENCHMARKS.md
+  chaos [--quick] [--seconds N] [--dev] [--check] [SCENARIO…]
+                  the fault matrix: separate processes, one fault per scenario,
+                  the history checked; its table written into RELIABILITY.md
   images [--services]
                   build the flowforge image and the compose stack's service
                   images from local bases (installs and starts Docker if needed);
@@ -83,6 +89,7 @@ fn main() -> ExitCode {
         "tidy" => tidy::run(rest),
         "deny-selftest" => deny_selftest::run(rest),
         "bench" => bench::run(rest),
+        "chaos" => chaos::run(rest),
         "images" => images::run(rest),
         "compose-smoke" => compose_smoke::run(rest),
         "screenshots" => screenshots::run(rest),

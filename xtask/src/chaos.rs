@@ -1,0 +1,147 @@
+//! `cargo xtask chaos`: the fault matrix (the `chaos` bench of
+//! `flowforge-bins`, separate processes on this machine's PostgreSQL and
+//! RabbitMQ with one fault per scenario), its table written into
+//! RELIABILITY.md between the `chaos` markers.
+//!
+//! `cargo xtask chaos [--quick] [--seconds N] [--dev] [--check] [scenario…]`:
+//! `--quick` shortens every phase, `--seconds` sets how long the fault
+//! lasts, `--dev` builds the processes with the dev profile (what CI's test
+//! build already compiled) instead of release, and `--check` only prints
+//! the table and fails on a failed scenario, leaving RELIABILITY.md alone
+//! (what CI runs).
+
+use std::fmt::Write as _;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::{cargo, project_root};
+
+const START: &str = "<!-- chaos -->\n";
+const END: &str = "<!-- /chaos -->";
+
+/// `cargo xtask chaos`.
+pub(crate) fn run(args: &[String]) -> Result<()> {
+    let dev = args.iter().any(|a| a == "--dev");
+    let check = args.iter().any(|a| a == "--check");
+    let quick = args.iter().any(|a| a == "--quick");
+    let passed: Vec<&String> = args.iter().filter(|a| *a != "--dev" && *a != "--check").collect();
+    let mut cargo_args = vec!["bench", "--package", "flowforge-bins", "--bench", "chaos"];
+    if dev {
+        cargo_args.extend(["--profile", "dev"]);
+    }
+    cargo_args.push("--");
+    let output = Command::new(cargo())
+        .current_dir(project_root())
+        .args(&cargo_args)
+        .args(&passed)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running the fault matrix")?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let results: Vec<Value> = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .context("the fault matrix printed a line that is not JSON")?;
+    if results.is_empty() {
+        bail!("the fault matrix reported no scenario ({}):\n{stdout}", output.status);
+    }
+    let table = render(&results, quick, dev);
+    println!("{table}");
+    if !check {
+        let path = project_root().join("RELIABILITY.md");
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let updated = replace_section(&text, &table)
+            .with_context(|| format!("{} has no `<!-- chaos -->` … `<!-- /chaos -->` section", path.display()))?;
+        std::fs::write(&path, updated).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|r| r["passed"] != Value::Bool(true))
+        .filter_map(|r| r["scenario"].as_str())
+        .collect();
+    if !failed.is_empty() || !output.status.success() {
+        bail!("the fault matrix failed ({}): {}", output.status, failed.join(", "));
+    }
+    Ok(())
+}
+
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "—".to_owned(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(true) => "yes".to_owned(),
+        Value::Bool(false) => "**no**".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// The table of one run, with the machine and how it ran.
+fn render(results: &[Value], quick: bool, dev: bool) -> String {
+    let mut out = format!(
+        "Run {}with the {} build; each fault lasted {} s.\n\nMachine:\n\n{}\n",
+        if quick { "with `--quick` " } else { "" },
+        if dev { "dev" } else { "release" },
+        results.first().map_or_else(|| "?".to_owned(), |r| cell(&r["seconds"])),
+        crate::bench::machine()
+    );
+    out.push_str(
+        "| scenario | runs submitted | runs finished | lost | duplicate effects | stuck | wrong outcome | stale writes rejected | attempts | effects | recovery (s) | passed |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for r in results {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r["scenario"].as_str().unwrap_or("?"),
+            cell(&r["submitted"]),
+            cell(&r["finished"]),
+            cell(&r["lost"]),
+            cell(&r["duplicate_effects"]),
+            cell(&r["stuck"]),
+            cell(&r["wrong"]),
+            cell(&r["stale_writes_rejected"]),
+            cell(&r["attempts"]),
+            cell(&r["effects"]),
+            cell(&r["recovery_s"]),
+            cell(&r["passed"]),
+        );
+    }
+    out
+}
+
+/// `text` with its chaos section's body replaced by `body`.
+fn replace_section(text: &str, body: &str) -> Option<String> {
+    let from = text.find(START)? + START.len();
+    let to = text[from..].find(END)? + from;
+    Some(format!("{}{body}\n{}", &text[..from], &text[to..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_section_is_replaced_and_the_rest_kept() {
+        let text = "# R\n\nbefore\n<!-- chaos -->\nold\n<!-- /chaos -->\nafter\n";
+        assert_eq!(
+            replace_section(text, "new").as_deref(),
+            Some("# R\n\nbefore\n<!-- chaos -->\nnew\n<!-- /chaos -->\nafter\n")
+        );
+        assert_eq!(replace_section("no markers", "new"), None);
+    }
+
+    #[test]
+    fn a_failed_scenario_shows_in_the_table() {
+        let rows = [
+            serde_json::json!({"scenario": "worker-kill", "seconds": 10, "lost": 1, "passed": false, "recovery_s": null}),
+        ];
+        let table = render(&rows, true, true);
+        assert!(table.contains("| worker-kill | — | — | 1 |"), "{table}");
+        assert!(table.ends_with("| **no** |\n"), "{table}");
+    }
+}
