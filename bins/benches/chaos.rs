@@ -29,7 +29,11 @@
 //! seconds, each started again at once), `worker-stop` (SIGSTOP a worker
 //! past its lease, then SIGCONT), `worker-term` (SIGTERM a worker mid-task:
 //! it drains and exits 0, and is started again), `control-kill` (SIGKILL a
-//! scheduler or a publisher at random, started again at once).
+//! scheduler or a publisher at random, started again at once),
+//! `rabbitmq-stop` and `postgres-stop` (this machine's RabbitMQ app or
+//! PostgreSQL cluster stopped for the whole fault, started again when it
+//! heals, and by a guard whatever way the run ends: `rabbitmqctl`,
+//! `pg_ctlcluster`, so run as a user allowed to).
 //!
 //! Usage: `cargo bench -p flowforge-bins --bench chaos -- [--quick]
 //! [--seconds N] [scenario…]`. Prints one JSON object per scenario.
@@ -55,7 +59,14 @@ use support::cluster::{Broker, Processes};
 use support::{BenchDb, Server, definition, median, publish, round};
 
 const DEFAULT_AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-const SCENARIOS: [&str; 4] = ["worker-kill", "worker-stop", "worker-term", "control-kill"];
+const SCENARIOS: [&str; 6] = [
+    "worker-kill",
+    "worker-stop",
+    "worker-term",
+    "control-kill",
+    "rabbitmq-stop",
+    "postgres-stop",
+];
 const WORKERS: usize = 5;
 /// Short, so a killed worker's task is reaped soon; a stopped worker is
 /// held well past it.
@@ -226,32 +237,108 @@ impl Bench {
 
     /// Starts the next run of the workload (shapes in turn); a cancel-shaped
     /// run is cancelled by [`Bench::cancel_due`] a little later.
-    async fn submit(&self, n: usize) -> Started {
+    /// `None` when the store refused (it is down): the client knows the run
+    /// was not started, and it does not count as submitted.
+    async fn submit(&self, n: usize) -> Option<Started> {
         let (shape, wf) = self.workflows[n % self.workflows.len()];
-        let id = self.store.start_run(wf, json!({})).await.expect("start_run");
-        Started {
-            id,
-            shape,
-            at: Instant::now(),
-            cancelled: false,
-        }
-    }
-
-    async fn cancel_due(&self, runs: &mut [Started]) {
-        for run in runs.iter_mut().filter(|r| r.shape == Shape::Cancel && !r.cancelled) {
-            if run.at.elapsed() >= Duration::from_millis(500) {
-                self.store.request_cancel(run.id).await.expect("request_cancel");
-                run.cancelled = true;
+        match self.store.start_run(wf, json!({})).await {
+            Ok(id) => Some(Started {
+                id,
+                shape,
+                at: Instant::now(),
+                cancelled: false,
+            }),
+            Err(e) => {
+                eprintln!("start_run refused: {e}");
+                None
             }
         }
     }
 
+    /// Requests the cancels that are due; one the store refuses is asked
+    /// again next time.
+    async fn cancel_due(&self, runs: &mut [Started]) {
+        for run in runs.iter_mut().filter(|r| r.shape == Shape::Cancel && !r.cancelled) {
+            if run.at.elapsed() >= Duration::from_millis(500) {
+                run.cancelled = self.store.request_cancel(run.id).await.is_ok();
+            }
+        }
+    }
+
+    /// Runs not yet terminal (all of them while the store cannot say).
     fn unfinished(&self) -> u64 {
         self.db
-            .sql("SELECT count(*) FROM workflow_run WHERE state NOT IN ('succeeded', 'failed', 'cancelled')")
-            .parse()
+            .server
+            .psql(
+                &self.db.name,
+                "SELECT count(*) FROM workflow_run WHERE state NOT IN ('succeeded', 'failed', 'cancelled')",
+            )
+            .ok()
+            .and_then(|n| n.parse().ok())
             .unwrap_or(u64::MAX)
     }
+}
+
+/// One of this machine's services, stopped for the whole fault and started
+/// again when it heals — or when this guard drops, however the run ends.
+struct Outage {
+    service: &'static str,
+    start: Vec<String>,
+}
+
+impl Outage {
+    /// Stops `service` (`rabbitmq` or `postgres`).
+    fn begin(service: &'static str) -> Self {
+        let cluster = || {
+            std::fs::read_dir("/etc/postgresql")
+                .ok()
+                .and_then(|mut d| d.next())
+                .and_then(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .expect("a PostgreSQL cluster under /etc/postgresql")
+        };
+        let (stop, start): (Vec<String>, Vec<String>) = match service {
+            "rabbitmq" => (
+                ["rabbitmqctl", "stop_app"].map(String::from).to_vec(),
+                ["rabbitmqctl", "start_app"].map(String::from).to_vec(),
+            ),
+            _ => {
+                let version = cluster();
+                let ctl = |action: &str| {
+                    ["pg_ctlcluster", "--skip-systemctl-redirect", &version, "main", action]
+                        .map(String::from)
+                        .to_vec()
+                };
+                (ctl("stop"), ctl("start"))
+            }
+        };
+        run_tool(&stop);
+        eprintln!("stopped {service}");
+        Self { service, start }
+    }
+}
+
+impl Drop for Outage {
+    fn drop(&mut self) {
+        run_tool(&self.start);
+        eprintln!("started {} again", self.service);
+    }
+}
+
+/// Runs a service tool, panicking with its output when it fails.
+fn run_tool(argv: &[String]) {
+    let out = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", argv[0]));
+    assert!(
+        out.status.success(),
+        "{} failed ({}): {}{}",
+        argv.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The fault a scenario injects, stepped while its phase lasts.
@@ -260,6 +347,7 @@ struct Injector {
     next: Instant,
     /// A stopped worker and when to continue it.
     stopped: Option<(String, Instant)>,
+    outage: Option<Outage>,
 }
 
 impl Injector {
@@ -268,15 +356,18 @@ impl Injector {
             scenario,
             next: Instant::now(),
             stopped: None,
+            outage: None,
         }
     }
 
-    /// Ends the fault: a stopped worker is continued.
+    /// Ends the fault: a stopped worker is continued, a stopped service
+    /// started again.
     fn heal(&mut self, procs: &mut Processes) {
         if let Some((victim, _)) = self.stopped.take() {
             procs.signal(&victim, Signal::SIGCONT);
             eprintln!("continued {victim}");
         }
+        self.outage = None;
     }
 
     /// Injects what is due now; never blocks the workload for long.
@@ -330,6 +421,18 @@ impl Injector {
                 let pid = procs.respawn(&victim);
                 eprintln!("killed {victim}; started again as pid {pid}");
                 self.next = Instant::now() + Duration::from_secs(2);
+            }
+            "rabbitmq-stop" | "postgres-stop" => {
+                // Down for the whole fault phase.
+                if self.outage.is_none() {
+                    let service = self.scenario.trim_end_matches("-stop");
+                    self.outage = Some(Outage::begin(if service == "rabbitmq" {
+                        "rabbitmq"
+                    } else {
+                        "postgres"
+                    }));
+                }
+                self.next = Instant::now() + Duration::from_secs(3600);
             }
             other => unreachable!("unknown scenario {other}"),
         }
@@ -449,6 +552,7 @@ async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url:
         .map_or(0.0, |d| d.as_secs_f64());
     let begun = Instant::now();
     let mut runs: Vec<Started> = Vec::new();
+    let mut attempts_to_start = 0;
     let mut injector = Injector::new(name);
     let total = phases.warm + phases.fault + phases.after;
     let interval = Duration::from_secs_f64(1.0 / RATE);
@@ -464,7 +568,8 @@ async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url:
             eprintln!("fault healed at {:.1} s", now.as_secs_f64());
         }
         if Instant::now() >= next_submit {
-            runs.push(bench.submit(runs.len()).await);
+            attempts_to_start += 1;
+            runs.extend(bench.submit(attempts_to_start).await);
             next_submit += interval;
         }
         bench.cancel_due(&mut runs).await;
