@@ -33,7 +33,9 @@
 //! `rabbitmq-stop` and `postgres-stop` (this machine's RabbitMQ app or
 //! PostgreSQL cluster stopped for the whole fault, started again when it
 //! heals, and by a guard whatever way the run ends: `rabbitmqctl`,
-//! `pg_ctlcluster`, so run as a user allowed to).
+//! `pg_ctlcluster`, so run as a user allowed to). Named only, as it still
+//! fails: `queue-delete` (every worker held still for 6 s so dispatches
+//! wait ready in the queue, then the queue deleted under them).
 //!
 //! Usage: `cargo bench -p flowforge-bins --bench chaos -- [--quick]
 //! [--seconds N] [scenario…]`. Prints one JSON object per scenario.
@@ -67,6 +69,10 @@ const SCENARIOS: [&str; 6] = [
     "rabbitmq-stop",
     "postgres-stop",
 ];
+/// Scenarios that find a loss not fixed yet (RELIABILITY.md says which and
+/// why): run only when named, so the default matrix stays a regression
+/// check while they stay reproducible.
+const KNOWN_FAILING: [&str; 1] = ["queue-delete"];
 const WORKERS: usize = 5;
 /// Short, so a killed worker's task is reaped soon; a stopped worker is
 /// held well past it.
@@ -348,15 +354,21 @@ struct Injector {
     /// A stopped worker and when to continue it.
     stopped: Option<(String, Instant)>,
     outage: Option<Outage>,
+    /// The broker's URL and the scenario's queue.
+    queue: (String, String),
+    /// Whether every worker is stopped (`queue-delete`).
+    held: bool,
 }
 
 impl Injector {
-    fn new(scenario: &'static str) -> Self {
+    fn new(scenario: &'static str, queue: (String, String)) -> Self {
         Self {
             scenario,
             next: Instant::now(),
             stopped: None,
             outage: None,
+            queue,
+            held: false,
         }
     }
 
@@ -368,6 +380,11 @@ impl Injector {
             eprintln!("continued {victim}");
         }
         self.outage = None;
+        if std::mem::take(&mut self.held) {
+            for w in procs.names("worker-") {
+                procs.signal(&w, Signal::SIGCONT);
+            }
+        }
     }
 
     /// Injects what is due now; never blocks the workload for long.
@@ -433,6 +450,31 @@ impl Injector {
                     }));
                 }
                 self.next = Instant::now() + Duration::from_secs(3600);
+            }
+            "queue-delete" => {
+                // Deleted under the publisher and the consumers with the
+                // dispatches it held: the workers are held still for 6 s
+                // first, so new runs fill every prefetch slot and the rest
+                // wait ready in the queue.
+                if self.held {
+                    let (url, queue) = &self.queue;
+                    match support::amqp::delete_queue(url, queue) {
+                        Ok(n) => eprintln!("deleted queue {queue} holding {n} ready messages"),
+                        Err(e) => eprintln!("could not delete queue {queue}: {e}"),
+                    }
+                    for w in &workers {
+                        procs.signal(w, Signal::SIGCONT);
+                    }
+                    self.held = false;
+                    self.next = Instant::now() + Duration::from_secs(4);
+                } else {
+                    for w in &workers {
+                        procs.signal(w, Signal::SIGSTOP);
+                    }
+                    self.held = true;
+                    self.next = Instant::now() + Duration::from_secs(6);
+                }
+                self.next = Instant::now() + Duration::from_secs(5);
             }
             other => unreachable!("unknown scenario {other}"),
         }
@@ -553,7 +595,7 @@ async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url:
     let begun = Instant::now();
     let mut runs: Vec<Started> = Vec::new();
     let mut attempts_to_start = 0;
-    let mut injector = Injector::new(name);
+    let mut injector = Injector::new(name, (bench._broker.url.clone(), bench._broker.queues[0].clone()));
     let total = phases.warm + phases.fault + phases.after;
     let interval = Duration::from_secs_f64(1.0 / RATE);
     let mut next_submit = Instant::now();
@@ -617,8 +659,12 @@ async fn main() {
         .map(|(_, a)| a.as_str())
         .collect();
     for n in &named {
-        if !SCENARIOS.contains(n) {
-            eprintln!("unknown scenario {n}; the scenarios are {}", SCENARIOS.join(", "));
+        if !SCENARIOS.contains(n) && !KNOWN_FAILING.contains(n) {
+            eprintln!(
+                "unknown scenario {n}; the scenarios are {} (and, named only, {})",
+                SCENARIOS.join(", "),
+                KNOWN_FAILING.join(", ")
+            );
             std::process::exit(2);
         }
     }
@@ -639,10 +685,17 @@ async fn main() {
     let amqp_url = std::env::var("AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP.to_owned());
     let server = Server::from_env();
     let mut failed = false;
-    for name in SCENARIOS {
-        if !named.is_empty() && !named.contains(&name) {
-            continue;
-        }
+    let wanted: Vec<&'static str> = if named.is_empty() {
+        SCENARIOS.to_vec()
+    } else {
+        SCENARIOS
+            .iter()
+            .chain(&KNOWN_FAILING)
+            .copied()
+            .filter(|s| named.contains(s))
+            .collect()
+    };
+    for name in wanted {
         let result = scenario(name, phases, &server, &amqp_url).await;
         failed |= result["passed"] != json!(true);
         println!("{result}");

@@ -29,7 +29,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let passed: Vec<&String> = args.iter().filter(|a| *a != "--dev" && *a != "--check").collect();
     let mut cargo_args = vec!["bench", "--package", "flowforge-bins", "--bench", "chaos"];
     if dev {
-        cargo_args.extend(["--profile", "dev"]);
+        // The test build's profile and features: everything but the bench
+        // itself is already compiled.
+        cargo_args.extend(["--profile", "dev", "--all-features"]);
     }
     cargo_args.push("--");
     let output = Command::new(cargo())
