@@ -101,9 +101,11 @@ impl OutboxStore for PgStore {
         }))
     }
 
-    async fn rearm_lost_dispatches(&self, scope: Scope) -> Result<u64, store::Error> {
+    async fn rearm_lost_dispatches(&self, scope: Scope, age: Duration) -> Result<u64, store::Error> {
         let done = sqlx::query(queries::REARM_LOST)
+            .bind(self.offset())
             .bind(scope_runs(&scope))
+            .bind(micros(age))
             .execute(&self.inner.pool)
             .await
             .map_err(store_error)?;

@@ -112,12 +112,18 @@ impl OutboxStore for SqliteStore {
         }))
     }
 
-    async fn rearm_lost_dispatches(&self, scope: Scope) -> Result<u64, store::Error> {
+    async fn rearm_lost_dispatches(&self, scope: Scope, age: Duration) -> Result<u64, store::Error> {
+        let offset = self.inner.offset();
         let rows = self
             .inner
             .write()
             .await?
-            .call(sql(queries::REARM_LOST).bind(scope_key(&scope)))
+            .call(
+                sql(queries::REARM_LOST)
+                    .bind(offset)
+                    .bind(scope_key(&scope))
+                    .bind(i64::try_from(age.as_millis()).unwrap_or(i64::MAX)),
+            )
             .await?;
         Ok(rows.len() as u64)
     }

@@ -6,7 +6,7 @@
 //! the rest waits in the outbox, polled until there is room.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flowforge_ports::store::{DEFAULT_PRIORITY_AGING, Notifier, OutboxSweep, Topic};
 use flowforge_ports::{DispatchId, DispatchPublisher, Scope, Store, queue};
@@ -48,6 +48,12 @@ pub struct PublisherConfig {
     /// doubled (up to a quarter second) each time the window stays full, so
     /// a queue without consumers is not polled hard.
     pub room_poll: Duration,
+    /// Re-arms, every half of this, the rows published at least this long
+    /// ago whose task run is still ready: dispatches the broker lost (a
+    /// deleted queue). For a queue that keeps a window, which re-armed rows
+    /// go through like any other, so their duplicates never exceed it
+    /// (docs/design/outbox-and-queues.md#lost-dispatches). `None`: never.
+    pub redispatch_after: Option<Duration>,
 }
 
 impl Default for PublisherConfig {
@@ -59,7 +65,46 @@ impl Default for PublisherConfig {
             nudge: None,
             aging: DEFAULT_PRIORITY_AGING,
             room_poll: Duration::from_millis(5),
+            redispatch_after: None,
         }
+    }
+}
+
+/// When the loop re-arms lost dispatches, and which.
+#[derive(Debug)]
+struct Rearm {
+    /// A queue that died with its process: everything, once, at start.
+    startup: bool,
+    after: Option<Duration>,
+    next: Option<Instant>,
+}
+
+impl Rearm {
+    fn new(durable: bool, after: Option<Duration>) -> Self {
+        Self {
+            startup: !durable,
+            after,
+            next: after.map(|a| Instant::now() + a / 2),
+        }
+    }
+
+    /// How old a dispatch must be to be re-armed now, if a re-arm is due.
+    fn due(&self) -> Option<Duration> {
+        if self.startup {
+            return Some(Duration::ZERO);
+        }
+        let after = self.after?;
+        (Instant::now() >= self.next?).then_some(after)
+    }
+
+    fn done(&mut self) {
+        self.startup = false;
+        self.next = self.after.map(|a| Instant::now() + a / 2);
+    }
+
+    /// How long the loop may sleep before the next re-arm is due.
+    fn wait(&self) -> Option<Duration> {
+        self.next.map(|n| n.saturating_duration_since(Instant::now()))
     }
 }
 
@@ -134,21 +179,23 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
         })
     }
 
-    /// One sweep of the loop, after re-arming, the first time, what a
-    /// queue that died with its process took with it
-    /// (docs/design/outbox-and-queues.md#a-queue-that-dies-with-its-process):
-    /// such a queue starts empty, so every published row of a task run
-    /// still ready at its token is a dispatch nobody will deliver.
-    async fn sweep(&self, lost: &mut bool) -> Result<SweepReport, Error> {
-        if *lost {
-            let rows = self.store.rearm_lost_dispatches(self.config.scope.clone()).await?;
+    /// One sweep of the loop, after re-arming what is lost when that is due
+    /// (docs/design/outbox-and-queues.md#lost-dispatches): at start, every
+    /// published row of a task run still ready at its token when the queue
+    /// died with its process (it starts empty, so nobody will deliver
+    /// them); periodically, with `redispatch_after`, the rows published
+    /// that long ago.
+    async fn sweep(&self, rearm: &mut Rearm) -> Result<SweepReport, Error> {
+        if let Some(age) = rearm.due() {
+            let rows = self.store.rearm_lost_dispatches(self.config.scope.clone(), age).await?;
             if rows > 0 {
                 tracing::warn!(
                     rows,
-                    "publishing again the dispatches an earlier process's queue took with it"
+                    published_seconds_ago = age.as_secs(),
+                    "publishing again dispatches still unclaimed: the queue lost them"
                 );
             }
-            *lost = false;
+            rearm.done();
         }
         self.publish_once().await
     }
@@ -160,10 +207,10 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
         let notifier = self.store.notifier().await?;
         let mut failures = 0u32;
         let mut full_polls = 0u32;
-        let mut lost = !self.queue.durable();
+        let mut rearm = Rearm::new(self.queue.durable(), self.config.redispatch_after);
         loop {
             let mut wait = self.config.safety_net;
-            match self.sweep(&mut lost).await {
+            match self.sweep(&mut rearm).await {
                 Ok(report) => {
                     failures = 0;
                     if report.more {
@@ -193,6 +240,7 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
                     }
                 }
             }
+            let wait = rearm.wait().map_or(wait, |due| wait.min(due));
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 () = notifier.notified(Topic::Publisher) => {}

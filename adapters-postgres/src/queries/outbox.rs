@@ -34,13 +34,17 @@ pub const MARK_PUBLISHED: &str = concat!(
     " WHERE id = ANY($2) AND published_at IS NULL"
 );
 
-/// rearm_lost_dispatches: unpublishes the published rows of `$1`'s runs
-/// (NULL: every run) whose task run is still ready at the row's token,
-/// found from the ready task runs (`taskrun_ready_idx`, then the outbox's
-/// unique (task run, token) index) rather than by scanning published rows.
-pub const REARM_LOST: &str = "\
-UPDATE outbox AS o SET published_at = NULL
+/// rearm_lost_dispatches: unpublishes the rows of `$2`'s runs (NULL: every
+/// run) published at least `$3` microseconds ago whose task run is still
+/// ready at the row's token, found from the ready task runs
+/// (`taskrun_ready_idx`, then the outbox's unique (task run, token) index)
+/// rather than by scanning published rows.
+pub const REARM_LOST: &str = concat!(
+    "UPDATE outbox AS o SET published_at = NULL
 FROM task_run AS tr
-WHERE tr.state = 'ready' AND ($1::uuid[] IS NULL OR tr.run_id = ANY($1))
+WHERE tr.state = 'ready' AND ($2::uuid[] IS NULL OR tr.run_id = ANY($2))
   AND o.task_run_id = tr.id AND o.fencing_token = tr.fencing_token
-  AND o.published_at IS NOT NULL";
+  AND o.published_at <= ",
+    now!(),
+    " - $3::float8 * interval '1 microsecond'"
+);

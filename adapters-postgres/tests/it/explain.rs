@@ -201,7 +201,10 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
         &[&["taskrun_ready_idx"], &["uniq_outbox_taskrun_token"]],
     );
 
-    let p = plan(&pool, queries::REARM_LOST, |q| q.bind(None::<Vec<uuid::Uuid>>)).await;
+    let p = plan(&pool, queries::REARM_LOST, |q| {
+        q.bind(zero).bind(None::<Vec<uuid::Uuid>>).bind(0.0_f64)
+    })
+    .await;
     assert_uses(
         "rearm_lost_dispatches",
         &p,

@@ -17,14 +17,17 @@ pub(crate) const MARK_PUBLISHED: &str = concat!(
     " WHERE id IN (SELECT value FROM json_each(?2)) AND published_at IS NULL; COMMIT"
 );
 
-/// rearm_lost_dispatches: unpublishes the published rows of `?1`'s runs
-/// (NULL: every run) whose task run is still ready at the row's token,
-/// found from the ready task runs (`taskrun_ready_idx`, then the outbox's
-/// unique (task run, token) index) rather than by scanning published rows.
-pub(crate) const REARM_LOST: &str = "\
-UPDATE outbox SET published_at = NULL \
-WHERE (task_run_id, fencing_token) IN ( \
-    SELECT id, fencing_token FROM task_run \
-    WHERE state = 'ready' AND (?1 IS NULL OR run_id IN (SELECT value FROM json_each(?1)))) \
-  AND published_at IS NOT NULL \
-RETURNING id";
+/// rearm_lost_dispatches: unpublishes the rows of `?2`'s runs (NULL: every
+/// run) published at least `?3` milliseconds ago whose task run is still
+/// ready at the row's token, found from the ready task runs
+/// (`taskrun_ready_idx`, then the outbox's unique (task run, token) index)
+/// rather than by scanning published rows.
+pub(crate) const REARM_LOST: &str = concat!(
+    "UPDATE outbox SET published_at = NULL \
+     WHERE (task_run_id, fencing_token) IN ( \
+         SELECT id, fencing_token FROM task_run \
+         WHERE state = 'ready' AND (?2 IS NULL OR run_id IN (SELECT value FROM json_each(?2)))) \
+       AND published_at <= ",
+    now!(),
+    " - ?3 RETURNING id"
+);

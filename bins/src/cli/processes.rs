@@ -102,6 +102,17 @@ pub(crate) struct PublisherArgs {
         value_name = "consumers|N|unbounded"
     )]
     pub(crate) dispatch_window: DispatchWindow,
+    /// Publish again, every half of this, the dispatches published this
+    /// many seconds ago whose task is still waiting: a queue deleted or
+    /// purged lost them. With a window only (duplicates stay within it);
+    /// 0: never (docs/design/outbox-and-queues.md#lost-dispatches).
+    #[arg(
+        long,
+        env = "FLOWFORGE_REDISPATCH_AFTER_SECONDS",
+        default_value_t = 300,
+        value_name = "SECONDS"
+    )]
+    pub(crate) redispatch_after_seconds: u64,
     #[command(flatten)]
     pub(crate) metrics: MetricsArgs,
 }
@@ -178,8 +189,11 @@ pub(crate) async fn publisher(global: &Global, args: &PublisherArgs) -> anyhow::
         }
     };
     with_store!(global, |store| {
+        let windowed = args.dispatch_window != DispatchWindow::Unbounded;
         let config = PublisherConfig {
             aging: global.priority_aging(),
+            redispatch_after: (windowed && args.redispatch_after_seconds > 0)
+                .then(|| std::time::Duration::from_secs(args.redispatch_after_seconds)),
             ..PublisherConfig::default()
         };
         let publisher = OutboxPublisher::new(store, queue, config);

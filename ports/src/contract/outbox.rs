@@ -2,6 +2,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::json;
 use tokio::sync::Barrier;
@@ -127,15 +128,18 @@ pub async fn concurrent_sweeps_never_share_a_row<F: StoreFactory>(factory: &F) {
 }
 
 /// Published rows whose task run is still ready at the row's token are
-/// unpublished again, within the scope asked, in their dispatch order;
-/// a row whose task run was claimed since stays published.
+/// unpublished again, within the scope asked and once published at least
+/// the age asked, in their dispatch order; a row whose task run was
+/// claimed since stays published.
 pub async fn lost_dispatches_are_rearmed_within_their_scope<F: StoreFactory>(factory: &F) {
-    let (s, _) = fresh(factory).await;
+    let (s, clock) = fresh(factory).await;
     let p = publish(&s, diamond()).await;
     let first = s.start_run(p.id, json!({})).await.expect("start");
     let second = s.start_run(p.id, json!({})).await.expect("start");
     assert_eq!(
-        s.rearm_lost_dispatches(Scope::All).await.expect("rearm"),
+        s.rearm_lost_dispatches(Scope::All, Duration::ZERO)
+            .await
+            .expect("rearm"),
         0,
         "nothing published, nothing lost"
     );
@@ -143,7 +147,12 @@ pub async fn lost_dispatches_are_rearmed_within_their_scope<F: StoreFactory>(fac
     assert_eq!(sweep_published(&s, 10).await.len(), 4);
     claim(&s, first, "a", "w", LONG).await;
 
-    assert_eq!(s.rearm_lost_dispatches(Scope::Run(second)).await.expect("rearm"), 2);
+    assert_eq!(
+        s.rearm_lost_dispatches(Scope::Run(second), Duration::ZERO)
+            .await
+            .expect("rearm"),
+        2
+    );
     let again = unpublished(&s, Scope::All).await;
     assert!(
         again.iter().all(|d| d.run_id == second),
@@ -152,7 +161,9 @@ pub async fn lost_dispatches_are_rearmed_within_their_scope<F: StoreFactory>(fac
     assert_eq!(again.len(), 2);
 
     assert_eq!(
-        s.rearm_lost_dispatches(Scope::All).await.expect("rearm"),
+        s.rearm_lost_dispatches(Scope::All, Duration::ZERO)
+            .await
+            .expect("rearm"),
         1,
         "the claimed row stays published"
     );
@@ -166,8 +177,21 @@ pub async fn lost_dispatches_are_rearmed_within_their_scope<F: StoreFactory>(fac
         "re-armed rows come back as they were, in their dispatch order"
     );
     assert_eq!(
-        s.rearm_lost_dispatches(Scope::All).await.expect("rearm"),
+        s.rearm_lost_dispatches(Scope::All, Duration::ZERO)
+            .await
+            .expect("rearm"),
         0,
         "idempotent"
     );
+
+    // By age: only rows published at least that long ago (store time).
+    assert_eq!(sweep_published(&s, 10).await.len(), 3);
+    let minute = Duration::from_secs(60);
+    assert_eq!(
+        s.rearm_lost_dispatches(Scope::All, minute).await.expect("rearm"),
+        0,
+        "published just now"
+    );
+    clock.advance(minute + Duration::from_secs(1));
+    assert_eq!(s.rearm_lost_dispatches(Scope::All, minute).await.expect("rearm"), 3);
 }

@@ -521,13 +521,14 @@ pub trait OutboxStore: Send + Sync + 'static {
         aging: Duration,
     ) -> impl Future<Output = Result<Option<Self::Sweep>, Error>> + Send;
 
-    /// Marks unpublished again the published rows of `scope`'s runs whose
-    /// task run is still ready at the row's token, and returns how many:
-    /// the dispatches a queue that does not outlive its process took with
-    /// it (docs/design/outbox-and-queues.md#a-queue-that-dies-with-its-process).
+    /// Marks unpublished again the rows of `scope`'s runs published at least
+    /// `age` ago (store time) whose task run is still ready at the row's
+    /// token, and returns how many: the dispatches a queue that does not
+    /// outlive its process took with it (`age` zero, when the next process
+    /// starts), or that a broker lost (docs/design/outbox-and-queues.md#lost-dispatches).
     /// Publishing such a row again is always safe: a dispatch whose task
     /// run was claimed meanwhile claims nothing.
-    fn rearm_lost_dispatches(&self, scope: Scope) -> impl Future<Output = Result<u64, Error>> + Send;
+    fn rearm_lost_dispatches(&self, scope: Scope, age: Duration) -> impl Future<Output = Result<u64, Error>> + Send;
 }
 
 /// One outbox sweep. Dropping it without commit leaves every row unpublished.

@@ -3,7 +3,7 @@
 //! while its task runs, or after it finished — matches no claim, is acked
 //! without running, and leaves the history alone; and a dispatch the
 //! in-process queue took with its process is published again by the next
-//! (docs/design/outbox-and-queues.md#a-queue-that-dies-with-its-process).
+//! (docs/design/outbox-and-queues.md#lost-dispatches).
 
 use std::sync::Arc;
 
