@@ -192,7 +192,8 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
                 tracing::warn!(
                     rows,
                     published_seconds_ago = age.as_secs(),
-                    "publishing again dispatches still unclaimed: the queue lost them"
+                    "publishing again dispatches still unclaimed since they were published: \
+                     lost by the queue, or waiting that long (a duplicate claims nothing)"
                 );
             }
             rearm.done();
@@ -248,5 +249,36 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
                 () = tokio::time::sleep(wait) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queue_that_dies_with_its_process_rearms_everything_once_at_start() {
+        let mut rearm = Rearm::new(false, None);
+        assert_eq!(rearm.due(), Some(Duration::ZERO));
+        rearm.done();
+        assert_eq!(rearm.due(), None);
+        assert_eq!(rearm.wait(), None, "nothing bounds the loop's sleep");
+    }
+
+    #[test]
+    fn a_durable_queue_rearms_only_what_waited_the_bound_every_half_of_it() {
+        assert_eq!(Rearm::new(true, None).due(), None);
+        let hour = Duration::from_secs(3600);
+        let rearm = Rearm::new(true, Some(hour));
+        assert_eq!(rearm.due(), None, "not before half the bound");
+        assert!(rearm.wait().is_some_and(|w| w <= hour / 2));
+        let mut now = Rearm::new(true, Some(Duration::ZERO));
+        assert_eq!(now.due(), Some(Duration::ZERO));
+        now.done();
+        assert_eq!(
+            now.due(),
+            Some(Duration::ZERO),
+            "due again once half the bound has passed"
+        );
     }
 }
