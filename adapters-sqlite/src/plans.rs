@@ -25,6 +25,12 @@ async fn plan(store: &SqliteStore, sql: &'static str) -> String {
         .join("\n")
 }
 
+/// The ready task runs, then each one's outbox row at its token.
+const READY_TO_OUTBOX: [&str; 2] = [
+    "taskrun_ready_idx",
+    "SEARCH outbox USING INDEX sqlite_autoindex_outbox_1 (task_run_id=? AND fencing_token=?)",
+];
+
 #[tokio::test]
 async fn hot_statements_use_their_indexes() {
     let store = SqliteStore::connect("sqlite::memory:", Arc::new(SystemClock))
@@ -87,22 +93,8 @@ async fn hot_statements_use_their_indexes() {
             crate::queries::LIST_RUNS_PAGE,
             &["SEARCH r USING INDEX workflowrun_created_id_idx ((created_at,id)<(?,?))"],
         ),
-        (
-            "claim_ready",
-            crate::queries::READY_OF_TYPES,
-            &[
-                "taskrun_ready_idx",
-                "SEARCH outbox USING INDEX sqlite_autoindex_outbox_1 (task_run_id=? AND fencing_token=?)",
-            ],
-        ),
-        (
-            "rearm_lost_dispatches",
-            crate::queries::REARM_LOST,
-            &[
-                "taskrun_ready_idx",
-                "SEARCH outbox USING INDEX sqlite_autoindex_outbox_1 (task_run_id=? AND fencing_token=?)",
-            ],
-        ),
+        ("claim_ready", crate::queries::READY_OF_TYPES, &READY_TO_OUTBOX),
+        ("rearm_lost_dispatches", crate::queries::REARM_LOST, &READY_TO_OUTBOX),
         (
             "gauges",
             crate::queries::GAUGES,

@@ -183,7 +183,7 @@ struct Bench {
     db: BenchDb,
     ledger: tempfile::TempDir,
     workflows: Vec<(Shape, WorkflowId)>,
-    _broker: Broker,
+    broker: Broker,
 }
 
 impl Bench {
@@ -242,7 +242,7 @@ impl Bench {
             db,
             ledger,
             workflows,
-            _broker: broker,
+            broker,
         }
     }
 
@@ -290,31 +290,34 @@ impl Bench {
     }
 }
 
+/// This machine's services a scenario may stop.
+#[derive(Debug, Clone, Copy)]
+enum Service {
+    Rabbitmq,
+    Postgres,
+}
+
 /// One of this machine's services, stopped for the whole fault and started
 /// again when it heals — or when this guard drops, however the run ends.
 struct Outage {
-    service: &'static str,
+    service: Service,
     start: Vec<String>,
 }
 
 impl Outage {
-    /// Stops `service` (`rabbitmq` or `postgres`).
-    fn begin(service: &'static str) -> Self {
-        let cluster = || {
-            std::fs::read_dir("/etc/postgresql")
-                .ok()
-                .and_then(|mut d| d.next())
-                .and_then(Result::ok)
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .expect("a PostgreSQL cluster under /etc/postgresql")
-        };
+    fn begin(service: Service) -> Self {
         let (stop, start): (Vec<String>, Vec<String>) = match service {
-            "rabbitmq" => (
+            Service::Rabbitmq => (
                 ["rabbitmqctl", "stop_app"].map(String::from).to_vec(),
                 ["rabbitmqctl", "start_app"].map(String::from).to_vec(),
             ),
-            _ => {
-                let version = cluster();
+            Service::Postgres => {
+                let version = std::fs::read_dir("/etc/postgresql")
+                    .ok()
+                    .and_then(|mut d| d.next())
+                    .and_then(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .expect("a PostgreSQL cluster under /etc/postgresql");
                 let ctl = |action: &str| {
                     ["pg_ctlcluster", "--skip-systemctl-redirect", &version, "main", action]
                         .map(String::from)
@@ -324,7 +327,7 @@ impl Outage {
             }
         };
         run_tool(&stop);
-        eprintln!("stopped {service}");
+        eprintln!("stopped {service:?}");
         Self { service, start }
     }
 }
@@ -332,7 +335,7 @@ impl Outage {
 impl Drop for Outage {
     fn drop(&mut self) {
         run_tool(&self.start);
-        eprintln!("started {} again", self.service);
+        eprintln!("started {:?} again", self.service);
     }
 }
 
@@ -447,12 +450,12 @@ impl Injector {
             "rabbitmq-stop" | "postgres-stop" => {
                 // Down for the whole fault phase.
                 if self.outage.is_none() {
-                    let service = self.scenario.trim_end_matches("-stop");
-                    self.outage = Some(Outage::begin(if service == "rabbitmq" {
-                        "rabbitmq"
+                    let service = if self.scenario == "rabbitmq-stop" {
+                        Service::Rabbitmq
                     } else {
-                        "postgres"
-                    }));
+                        Service::Postgres
+                    };
+                    self.outage = Some(Outage::begin(service));
                 }
                 self.next = Instant::now() + Duration::from_secs(3600);
             }
@@ -600,7 +603,7 @@ async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url:
     let begun = Instant::now();
     let mut runs: Vec<Started> = Vec::new();
     let mut attempts_to_start = 0;
-    let mut injector = Injector::new(name, (bench._broker.url.clone(), bench._broker.queues[0].clone()));
+    let mut injector = Injector::new(name, (bench.broker.url.clone(), bench.broker.queues[0].clone()));
     let total = phases.warm + phases.fault + phases.after;
     let interval = Duration::from_secs_f64(1.0 / RATE);
     let mut next_submit = Instant::now();

@@ -228,16 +228,20 @@ fn run_suite(suite: &str) -> Result<Vec<Value>> {
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    let results: Vec<Value> = stdout
-        .lines()
-        .filter(|l| l.trim_start().starts_with('{'))
-        .map(serde_json::from_str)
-        .collect::<Result<_, _>>()
-        .context("a benchmark printed a line that is not JSON")?;
+    let results = json_lines(&stdout).context("a benchmark printed a line that is not JSON")?;
     for r in &results {
         eprintln!("    {r}");
     }
     Ok(results)
+}
+
+/// The JSON objects a harness printed, one per line, among its other output.
+pub(crate) fn json_lines(stdout: &str) -> serde_json::Result<Vec<Value>> {
+    stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .map(serde_json::from_str)
+        .collect()
 }
 
 pub(crate) fn machine() -> String {

@@ -42,12 +42,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         .output()
         .context("running the fault matrix")?;
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let results: Vec<Value> = stdout
-        .lines()
-        .filter(|l| l.trim_start().starts_with('{'))
-        .map(serde_json::from_str)
-        .collect::<Result<_, _>>()
-        .context("the fault matrix printed a line that is not JSON")?;
+    let results = crate::bench::json_lines(&stdout).context("the fault matrix printed a line that is not JSON")?;
     if results.is_empty() {
         bail!("the fault matrix reported no scenario ({}):\n{stdout}", output.status);
     }
