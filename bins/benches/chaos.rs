@@ -1,8 +1,10 @@
 //! The fault matrix (issue 16): real `flowforge` processes from the
 //! release binary — two schedulers, two publishers and five workers — on
-//! this run's own PostgreSQL database and RabbitMQ queue, a steady workload
-//! of mixed runs, one fault injected per scenario, and a checker that reads
-//! the history back. `cargo xtask chaos` runs it and writes RELIABILITY.md.
+//! this run's own PostgreSQL database and RabbitMQ queue, each process
+//! reaching each service through a proxy of its own, a steady workload of
+//! mixed runs, one fault injected per scenario, and a checker that reads
+//! the history back. `cargo xtask chaos` runs it and writes RELIABILITY.md,
+//! where every scenario is described.
 //!
 //! Every task is a `command` that records, in a ledger outside FlowForge,
 //! each **attempt** (allowed to repeat) and its **effect**: written once
@@ -16,33 +18,28 @@
 //! * `stuck`: a run not terminal within the bound after the fault healed;
 //! * `wrong`: a run that ended other than its shape says (a chain, a
 //!   fan-out and a retried task succeed; a saga fails with its compensator
-//!   succeeded; a cancelled run is cancelled, or succeeded if it won the
-//!   race);
+//!   succeeded; a poison task's run fails; a run asked to cancel may end
+//!   cancelled instead);
+//! * `down`: a process that exited when nothing killed it;
 //! * `stale_writes_rejected`: late writes the fencing token discarded
 //!   (evidence, not a failure: a stopped worker's late finish must be one);
+//! * `faults`: how many times the fault was injected;
 //! * `recovery_s`: from the fault healing until completions per second are
 //!   back to 90 % of the rate before it.
 //!
-//! A scenario passes when lost, duplicate effects, stuck and wrong are all 0.
-//!
-//! Scenarios: `worker-kill` (SIGKILL a fifth of the workers every few
-//! seconds, each started again at once), `worker-stop` (SIGSTOP a worker
-//! past its lease, then SIGCONT), `worker-term` (SIGTERM a worker mid-task:
-//! it drains and exits 0, and is started again), `control-kill` (SIGKILL a
-//! scheduler or a publisher at random, started again at once),
-//! `rabbitmq-stop` and `postgres-stop` (this machine's RabbitMQ app or
-//! PostgreSQL cluster stopped for the whole fault, started again when it
-//! heals, and by a guard whatever way the run ends: `rabbitmqctl`,
-//! `pg_ctlcluster`, so run as a user allowed to), `queue-delete` (every
-//! worker held still for 6 s so dispatches wait ready in the queue, then
-//! the queue deleted under them; the publishers publish a dispatch again
-//! once it has waited 5 s unclaimed).
+//! A scenario passes when lost, duplicate effects, stuck, wrong and down
+//! are all 0; the soak also needs every process that ran throughout to end
+//! within 10 % of the memory and sockets it held after the warm-up.
 //!
 //! Usage: `cargo bench -p flowforge-bins --bench chaos -- [--quick]
-//! [--seconds N] [scenario…]`. Prints one JSON object per scenario.
-//! Environment: `AMQP_URL` (default amqp://guest:guest@127.0.0.1:5672/%2f),
-//! `PGHOST`, `PGPORT`, `PGUSER`. Each scenario's database `ff_bench_*` and
-//! queue are dropped at its end, and its processes stopped by their pids.
+//! [--seconds N] [scenario…]` (`soak` only when named). Prints one JSON
+//! object per scenario. Environment: `AMQP_URL` (default
+//! amqp://guest:guest@127.0.0.1:5672/%2f), `PGHOST`, `PGPORT`, `PGUSER`.
+//! Each scenario's database `ff_bench_*` and queue are dropped at its end,
+//! and its processes stopped by their pids. The service scenarios stop
+//! this machine's RabbitMQ app and PostgreSQL cluster (`rabbitmqctl`,
+//! `pg_ctlcluster`, so run as a user allowed to) and start them again
+//! however the run ends; `clock-skew` needs libfaketime.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -51,30 +48,59 @@ mod support;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use flowforge::WorkflowDefinition;
 use flowforge_adapters_postgres::{PgOptions, PgStore};
 use flowforge_ports::{RunId, RunStore, SystemClock, WorkflowId};
+use futures_util::StreamExt as _;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use support::cluster::{Broker, Processes};
+use support::proxy::{self, Proxy};
 use support::{BenchDb, Server, definition, median, publish, round};
 
 const DEFAULT_AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-const SCENARIOS: [&str; 7] = [
+const SCENARIOS: [&str; 16] = [
     "worker-kill",
     "worker-stop",
     "worker-term",
     "control-kill",
+    "publisher-kill-confirmed",
     "rabbitmq-stop",
+    "rabbitmq-pause",
     "postgres-stop",
+    "postgres-pause",
+    "worker-cut-postgres",
+    "worker-cut-rabbitmq",
     "queue-delete",
+    "duplicate-delivery",
+    "clock-skew",
+    "cancel-race",
+    "poison-tasks",
+];
+/// The faults the soak draws from, one at a time: those that leave every
+/// process running, so each one's memory and sockets can be followed
+/// through all of them (the matrix covers the ones that restart it).
+const SOAK_FAULTS: [&str; 9] = [
+    "worker-stop",
+    "rabbitmq-stop",
+    "rabbitmq-pause",
+    "postgres-stop",
+    "postgres-pause",
+    "worker-cut-postgres",
+    "worker-cut-rabbitmq",
+    "queue-delete",
+    "duplicate-delivery",
 ];
 /// How long a dispatch stays unclaimed before the publishers publish it
 /// again (`--redispatch-after-seconds`): short, so a deleted queue's
 /// losses are found within the scenario.
 const REDISPATCH_SECS: &str = "5";
+/// The AMQP heartbeat every process asks for: a silent broker is noticed
+/// after two of them, well within a pause.
+const HEARTBEAT_SECS: u64 = 3;
 const WORKERS: usize = 5;
 /// Short, so a killed worker's task is reaped soon; a stopped worker is
 /// held well past it.
@@ -84,6 +110,11 @@ const RATE: f64 = 2.0;
 /// How long the runs may take to settle once the fault has healed and
 /// submission has stopped.
 const SETTLE: Duration = Duration::from_secs(120);
+/// How far `clock-skew` moves two workers' clocks, one each way.
+const SKEW: &str = "5m";
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+/// Extra copies `duplicate-delivery` puts in the queue of every dispatch.
+const STORM_COPIES: usize = 2;
 
 /// What one task does: record the attempt, work a little, fail where its
 /// shape says, then make its effect once per idempotency key.
@@ -104,6 +135,19 @@ struct Phases {
     after: Duration,
 }
 
+/// A task that must fail without harming the worker that runs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Poison {
+    /// An output holding `\u0000`, which no store can keep.
+    Nul,
+    /// Two megabytes on stdout, over the output limit.
+    Huge,
+    /// Ignores SIGTERM past its timeout, so it has to be SIGKILLed.
+    Stubborn,
+    /// Dies of SIGSEGV.
+    Segfault,
+}
+
 /// The workload's shapes and how each must end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Shape {
@@ -112,10 +156,24 @@ enum Shape {
     Retry,
     Saga,
     Cancel,
+    Poison(Poison),
 }
 
 impl Shape {
     const ALL: [Self; 5] = [Self::Chain, Self::Fan, Self::Retry, Self::Saga, Self::Cancel];
+    const POISON: [Self; 4] = [
+        Self::Poison(Poison::Nul),
+        Self::Poison(Poison::Huge),
+        Self::Poison(Poison::Stubborn),
+        Self::Poison(Poison::Segfault),
+    ];
+
+    fn name(self) -> String {
+        match self {
+            Self::Poison(p) => format!("poison-{p:?}").to_lowercase(),
+            other => format!("{other:?}").to_lowercase(),
+        }
+    }
 
     fn definition(self, ledger: &Path) -> WorkflowDefinition {
         let task = |key: &str, deps: &[&str], extra: &[(&str, &str)]| {
@@ -163,8 +221,22 @@ impl Shape {
                     _ => task(&format!("s{i}"), &[format!("s{}", i - 1).as_str()], &[]),
                 })
                 .collect(),
+            Self::Poison(kind) => {
+                let script = match kind {
+                    Poison::Nul => r#"printf '%s\n' '{"s":"\u0000"}'"#,
+                    Poison::Huge => "head -c 2000000 /dev/zero | tr '\\0' a",
+                    Poison::Stubborn => "trap '' TERM; sleep 30",
+                    Poison::Segfault => "kill -SEGV $$",
+                };
+                vec![json!({
+                    "key": "poison", "task_type": "command",
+                    "timeout_seconds": 2,
+                    "retry": {"max_attempts": 2, "delay_seconds": 0.2},
+                    "config": {"argv": ["sh", "-c", script]}
+                })]
+            }
         };
-        definition(&format!("chaos-{self:?}").to_lowercase(), tasks)
+        definition(&format!("chaos-{}", self.name()), tasks)
     }
 }
 
@@ -172,17 +244,25 @@ impl Shape {
 struct Started {
     id: RunId,
     shape: Shape,
-    at: Instant,
+    /// When to ask for its cancel, if it is to be cancelled.
+    cancel_at: Option<Instant>,
     cancelled: bool,
 }
 
-/// One scenario's processes, database and ledger.
+/// One process's own paths to the two services.
+struct Paths {
+    postgres: Proxy,
+    rabbitmq: Proxy,
+}
+
+/// One scenario's processes, proxies, database and ledger.
 struct Bench {
     store: PgStore,
     procs: Processes,
+    paths: BTreeMap<String, Paths>,
     db: BenchDb,
     ledger: tempfile::TempDir,
-    workflows: Vec<(Shape, WorkflowId)>,
+    workflows: BTreeMap<Shape, WorkflowId>,
     broker: Broker,
 }
 
@@ -195,18 +275,13 @@ impl Bench {
             queues: vec![queue.clone()],
             exchanges: Vec::new(),
         };
-        let lease = LEASE_SECS.to_string();
-        let mut procs = Processes::new(vec![
-            "--db".into(),
-            db.url(),
-            "--amqp".into(),
-            amqp_url.to_owned(),
+        let procs = Processes::new(vec![
             "--queue".into(),
             queue,
             "--lease-seconds".into(),
-            lease,
+            LEASE_SECS.to_string(),
         ]);
-        procs.run("migrate", &["migrate"]);
+        procs.run("migrate", &["migrate", "--db", &db.url(), "--amqp", amqp_url]);
         let store = PgStore::connect(
             &db.url(),
             Arc::new(SystemClock),
@@ -219,44 +294,64 @@ impl Bench {
         .await
         .expect("connecting to the scenario's database");
         let ledger = tempfile::tempdir().expect("a ledger folder");
-        let mut workflows = Vec::new();
-        for shape in Shape::ALL {
-            workflows.push((shape, publish(&store, &shape.definition(ledger.path())).await));
+        let mut workflows = BTreeMap::new();
+        for shape in Shape::ALL.into_iter().chain(Shape::POISON) {
+            workflows.insert(shape, publish(&store, &shape.definition(ledger.path())).await);
         }
-        for i in 1..=2 {
-            procs.spawn(&format!("scheduler-{i}"), &["scheduler"]);
-            procs.spawn(
-                &format!("publisher-{i}"),
-                &["publisher", "--redispatch-after-seconds", REDISPATCH_SECS],
-            );
-        }
-        for i in 1..=WORKERS {
-            procs.spawn(
-                &format!("worker-{i}"),
-                &["worker", "--concurrency", "2", "--allow-command"],
-            );
-        }
-        Self {
+        let mut bench = Self {
             store,
             procs,
+            paths: BTreeMap::new(),
             db,
             ledger,
             workflows,
             broker,
+        };
+        for i in 1..=2 {
+            bench.spawn(&format!("scheduler-{i}"), &["scheduler"]).await;
+            bench
+                .spawn(
+                    &format!("publisher-{i}"),
+                    &["publisher", "--redispatch-after-seconds", REDISPATCH_SECS],
+                )
+                .await;
         }
+        for i in 1..=WORKERS {
+            bench
+                .spawn(
+                    &format!("worker-{i}"),
+                    &["worker", "--concurrency", "2", "--allow-command"],
+                )
+                .await;
+        }
+        bench
     }
 
-    /// Starts the next run of the workload (shapes in turn); a cancel-shaped
-    /// run is cancelled by [`Bench::cancel_due`] a little later.
-    /// `None` when the store refused (it is down): the client knows the run
-    /// was not started, and it does not count as submitted.
-    async fn submit(&self, n: usize) -> Option<Started> {
-        let (shape, wf) = self.workflows[n % self.workflows.len()];
-        match self.store.start_run(wf, json!({})).await {
+    /// Starts `flowforge <args>` as `name`, through proxies of its own.
+    async fn spawn(&mut self, name: &str, args: &[&str]) {
+        let postgres = Proxy::start(&proxy::upstream(&self.db.url(), 5432), false).await;
+        let rabbitmq = Proxy::start(&proxy::upstream(&self.broker.url, 5672), true).await;
+        let amqp = proxy::via(&self.broker.url, rabbitmq.addr);
+        let amqp = format!(
+            "{amqp}{}heartbeat={HEARTBEAT_SECS}",
+            if amqp.contains('?') { '&' } else { '?' }
+        );
+        let db = proxy::via(&self.db.url(), postgres.addr);
+        let mut argv = vec!["--db", db.as_str(), "--amqp", amqp.as_str()];
+        argv.extend_from_slice(args);
+        self.procs.spawn(name, &argv);
+        self.paths.insert(name.to_owned(), Paths { postgres, rabbitmq });
+    }
+
+    /// Starts a run of `shape`; `None` when the store refused (it is
+    /// down): the client knows the run was not started, and it does not
+    /// count as submitted.
+    async fn submit(&self, shape: Shape, cancel_after: Option<Duration>) -> Option<Started> {
+        match self.store.start_run(self.workflows[&shape], json!({})).await {
             Ok(id) => Some(Started {
                 id,
                 shape,
-                at: Instant::now(),
+                cancel_at: cancel_after.map(|d| Instant::now() + d),
                 cancelled: false,
             }),
             Err(e) => {
@@ -269,8 +364,9 @@ impl Bench {
     /// Requests the cancels that are due; one the store refuses is asked
     /// again next time.
     async fn cancel_due(&self, runs: &mut [Started]) {
-        for run in runs.iter_mut().filter(|r| r.shape == Shape::Cancel && !r.cancelled) {
-            if run.at.elapsed() >= Duration::from_millis(500) {
+        let now = Instant::now();
+        for run in runs.iter_mut().filter(|r| !r.cancelled) {
+            if run.cancel_at.is_some_and(|at| now >= at) {
                 run.cancelled = self.store.request_cancel(run.id).await.is_ok();
             }
         }
@@ -287,6 +383,10 @@ impl Bench {
             .ok()
             .and_then(|n| n.parse().ok())
             .unwrap_or(u64::MAX)
+    }
+
+    fn path(&self, name: &str) -> &Paths {
+        &self.paths[name]
     }
 }
 
@@ -355,63 +455,219 @@ fn run_tool(argv: &[String]) {
     );
 }
 
-/// The fault a scenario injects, stepped while its phase lasts.
+/// A duplicate-delivery storm: a queue of its own bound like the
+/// scenario's, so it gets a copy of every dispatch published, each put
+/// back into the scenario's queue [`STORM_COPIES`] more times; it ends
+/// (and its queue with it) when dropped.
+struct Storm {
+    task: tokio::task::JoinHandle<()>,
+    copies: Arc<AtomicU64>,
+}
+
+impl Storm {
+    fn begin(url: &str, queue: &str) -> Self {
+        let copies = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn({
+            let (url, queue, copies) = (url.to_owned(), queue.to_owned(), Arc::clone(&copies));
+            async move {
+                if let Err(e) = storm(&url, &queue, &copies).await {
+                    eprintln!("the duplicate-delivery storm stopped: {e}");
+                }
+            }
+        });
+        Self { task, copies }
+    }
+}
+
+impl Drop for Storm {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn storm(url: &str, queue: &str, copies: &AtomicU64) -> Result<(), lapin::Error> {
+    use lapin::options::{
+        BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, QueueBindOptions, QueueDeclareOptions,
+    };
+    use lapin::types::FieldTable;
+    let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    let mirror = channel
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    // The workers' exchange and routing key (`--queue` names both).
+    channel
+        .queue_bind(
+            mirror.name().clone(),
+            "flowforge".into(),
+            queue.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut consumer = channel
+        .basic_consume(
+            mirror.name().clone(),
+            "chaos-storm".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    while let Some(delivery) = consumer.next().await {
+        let delivery = delivery?;
+        for _ in 0..STORM_COPIES {
+            channel
+                .basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    &delivery.data,
+                    delivery.properties.clone(),
+                )
+                .await?;
+            copies.fetch_add(1, Ordering::Relaxed);
+        }
+        delivery.ack(BasicAckOptions::default()).await?;
+    }
+    Ok(())
+}
+
+/// The fault a scenario injects: begun once, stepped while it lasts,
+/// healed once.
 struct Injector {
-    scenario: &'static str,
+    fault: &'static str,
     next: Instant,
     /// A stopped worker and when to continue it.
     stopped: Option<(String, Instant)>,
     outage: Option<Outage>,
-    /// The broker's URL and the scenario's queue.
-    queue: (String, String),
+    storm: Option<Storm>,
     /// Whether every worker is stopped (`queue-delete`).
     held: bool,
+    /// The publisher whose confirm trap is armed.
+    trapped: Option<String>,
+    /// How many times the fault was injected.
+    injected: u64,
 }
 
 impl Injector {
-    fn new(scenario: &'static str, queue: (String, String)) -> Self {
+    fn new(fault: &'static str) -> Self {
         Self {
-            scenario,
+            fault,
             next: Instant::now(),
             stopped: None,
             outage: None,
-            queue,
+            storm: None,
             held: false,
+            trapped: None,
+            injected: 0,
         }
     }
 
-    /// Ends the fault: a stopped worker is continued, a stopped service
-    /// started again.
-    fn heal(&mut self, procs: &mut Processes) {
+    /// The workers a cut or a skew hits.
+    fn victims(&self) -> &'static [&'static str] {
+        match self.fault {
+            "clock-skew" => &["worker-1", "worker-2"],
+            _ => &["worker-1"],
+        }
+    }
+
+    /// Starts a fault that lasts its whole phase.
+    fn begin(&mut self, bench: &mut Bench) {
+        let everyone: Vec<String> = bench.paths.keys().cloned().collect();
+        match self.fault {
+            "rabbitmq-stop" => self.outage = Some(Outage::begin(Service::Rabbitmq)),
+            "postgres-stop" => self.outage = Some(Outage::begin(Service::Postgres)),
+            "rabbitmq-pause" => everyone.iter().for_each(|n| bench.path(n).rabbitmq.silence(true)),
+            "postgres-pause" => everyone.iter().for_each(|n| bench.path(n).postgres.silence(true)),
+            "worker-cut-postgres" => bench.path(self.victims()[0]).postgres.silence(true),
+            "worker-cut-rabbitmq" => bench.path(self.victims()[0]).rabbitmq.silence(true),
+            "duplicate-delivery" => self.storm = Some(Storm::begin(&bench.broker.url, &bench.broker.queues[0])),
+            "clock-skew" => {
+                let env = skewed_env();
+                for (victim, sign) in self.victims().iter().zip(['+', '-']) {
+                    let env = env
+                        .iter()
+                        .cloned()
+                        .chain([("FAKETIME".to_owned(), format!("{sign}{SKEW}"))]);
+                    bench.procs.set_env(victim, env.collect());
+                    restart_drained(&mut bench.procs, victim);
+                }
+            }
+            _ => return,
+        }
+        self.injected = 1;
+        eprintln!("fault {} begun", self.fault);
+    }
+
+    /// Ends the fault.
+    fn heal(&mut self, bench: &mut Bench) {
         if let Some((victim, _)) = self.stopped.take() {
-            procs.signal(&victim, Signal::SIGCONT);
+            bench.procs.signal(&victim, Signal::SIGCONT);
             eprintln!("continued {victim}");
         }
         self.outage = None;
+        if let Some(storm) = self.storm.take() {
+            self.injected = storm.copies.load(Ordering::Relaxed);
+        }
         if std::mem::take(&mut self.held) {
-            for w in procs.names("worker-") {
-                procs.signal(&w, Signal::SIGCONT);
+            for w in bench.procs.names("worker-") {
+                bench.procs.signal(&w, Signal::SIGCONT);
+            }
+        }
+        if let Some(victim) = self.trapped.take()
+            && !bench.path(&victim).rabbitmq.disarm()
+        {
+            self.restart_trapped(bench, &victim);
+        }
+        for paths in bench.paths.values() {
+            paths.postgres.silence(false);
+            paths.rabbitmq.silence(false);
+        }
+        if self.fault == "clock-skew" {
+            for victim in self.victims() {
+                bench.procs.set_env(victim, Vec::new());
+                restart_drained(&mut bench.procs, victim);
             }
         }
     }
 
+    fn restart_trapped(&mut self, bench: &mut Bench, victim: &str) {
+        let status = bench.procs.wait_exit(victim, Duration::from_secs(5));
+        let pid = bench.procs.respawn(victim);
+        self.injected += 1;
+        eprintln!("{victim} killed as its publish was confirmed ({status:?}); started again as pid {pid}");
+    }
+
     /// Injects what is due now; never blocks the workload for long.
-    fn tick(&mut self, procs: &mut Processes) {
-        if self.stopped.as_ref().is_some_and(|(_, until)| Instant::now() >= *until) {
-            self.heal(procs);
+    fn tick(&mut self, bench: &mut Bench) {
+        if self.stopped.as_ref().is_some_and(|(_, until)| Instant::now() >= *until)
+            && let Some((victim, _)) = self.stopped.take()
+        {
+            bench.procs.signal(&victim, Signal::SIGCONT);
+            eprintln!("continued {victim}");
         }
         if Instant::now() < self.next || self.stopped.is_some() {
             return;
         }
+        let procs = &mut bench.procs;
         let workers = procs.names("worker-");
         let pick = |list: &[String]| list[fastrand::usize(..list.len())].clone();
-        match self.scenario {
+        match self.fault {
             "worker-kill" => {
                 // A fifth of the workers, every 3 s.
                 for _ in 0..WORKERS.div_ceil(5) {
                     let victim = pick(&workers);
                     procs.signal(&victim, Signal::SIGKILL);
                     let pid = procs.respawn(&victim);
+                    self.injected += 1;
                     eprintln!("killed {victim}; started again as pid {pid}");
                 }
                 self.next = Instant::now() + Duration::from_secs(3);
@@ -421,21 +677,15 @@ impl Injector {
                 // elsewhere, and its late finishes must be rejected.
                 let victim = pick(&workers);
                 procs.signal(&victim, Signal::SIGSTOP);
+                self.injected += 1;
                 eprintln!("stopped {victim}");
                 self.stopped = Some((victim, Instant::now() + Duration::from_secs(2 * LEASE_SECS)));
                 self.next = Instant::now() + Duration::from_secs(2);
             }
             "worker-term" => {
                 let victim = pick(&workers);
-                procs.signal(&victim, Signal::SIGTERM);
-                let status = procs.wait_exit(&victim, Duration::from_secs(30));
-                assert!(
-                    status.is_some_and(|s| s.success()),
-                    "{victim} did not drain and exit 0 on SIGTERM ({status:?}):\n{}",
-                    procs.tail(&victim)
-                );
-                let pid = procs.respawn(&victim);
-                eprintln!("{victim} drained and exited 0; started again as pid {pid}");
+                restart_drained(procs, &victim);
+                self.injected += 1;
                 self.next = Instant::now() + Duration::from_secs(2);
             }
             "control-kill" => {
@@ -444,20 +694,25 @@ impl Injector {
                 let victim = pick(&control);
                 procs.signal(&victim, Signal::SIGKILL);
                 let pid = procs.respawn(&victim);
+                self.injected += 1;
                 eprintln!("killed {victim}; started again as pid {pid}");
                 self.next = Instant::now() + Duration::from_secs(2);
             }
-            "rabbitmq-stop" | "postgres-stop" => {
-                // Down for the whole fault phase.
-                if self.outage.is_none() {
-                    let service = if self.scenario == "rabbitmq-stop" {
-                        Service::Rabbitmq
-                    } else {
-                        Service::Postgres
-                    };
-                    self.outage = Some(Outage::begin(service));
+            "publisher-kill-confirmed" => {
+                // Armed on one publisher at a time; once it has sprung, the
+                // publisher is started again and the next one armed 1 s on.
+                if let Some(victim) = self.trapped.clone() {
+                    if !bench.path(&victim).rabbitmq.trap_armed() {
+                        self.trapped = None;
+                        self.restart_trapped(bench, &victim);
+                        self.next = Instant::now() + Duration::from_secs(1);
+                    }
+                } else {
+                    let victim = pick(&procs.names("publisher-"));
+                    let pid = procs.pid(&victim);
+                    bench.path(&victim).rabbitmq.arm_confirm_trap(pid);
+                    self.trapped = Some(victim);
                 }
-                self.next = Instant::now() + Duration::from_secs(3600);
             }
             "queue-delete" => {
                 // Deleted under the publisher and the consumers with the
@@ -465,7 +720,7 @@ impl Injector {
                 // first, so new runs fill every prefetch slot and the rest
                 // wait ready in the queue.
                 if self.held {
-                    let (url, queue) = &self.queue;
+                    let (url, queue) = (&bench.broker.url, &bench.broker.queues[0]);
                     match support::amqp::delete_queue(url, queue) {
                         Ok(n) => eprintln!("deleted queue {queue} holding {n} ready messages"),
                         Err(e) => eprintln!("could not delete queue {queue}: {e}"),
@@ -474,6 +729,7 @@ impl Injector {
                         procs.signal(w, Signal::SIGCONT);
                     }
                     self.held = false;
+                    self.injected += 1;
                     self.next = Instant::now() + Duration::from_secs(4);
                 } else {
                     for w in &workers {
@@ -482,11 +738,51 @@ impl Injector {
                     self.held = true;
                     self.next = Instant::now() + Duration::from_secs(6);
                 }
-                self.next = Instant::now() + Duration::from_secs(5);
             }
-            other => unreachable!("unknown scenario {other}"),
+            // The rest last their whole phase (see `begin`) or change the
+            // workload rather than the processes.
+            _ => self.next = Instant::now() + Duration::from_secs(3600),
         }
     }
+}
+
+/// SIGTERMs `victim`, which must finish its in-flight tasks and exit 0
+/// within 30 s, then starts it again.
+fn restart_drained(procs: &mut Processes, victim: &str) {
+    procs.signal(victim, Signal::SIGTERM);
+    let status = procs.wait_exit(victim, Duration::from_secs(30));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{victim} did not drain and exit 0 on SIGTERM ({status:?}):\n{}",
+        procs.tail(victim)
+    );
+    let pid = procs.respawn(victim);
+    eprintln!("{victim} drained and exited 0; started again as pid {pid}");
+}
+
+/// The environment that runs a process under libfaketime; checked to move
+/// the clock, so a skew scenario cannot pass without one.
+fn skewed_env() -> Vec<(String, String)> {
+    assert!(
+        Path::new(LIBFAKETIME).exists(),
+        "clock-skew needs libfaketime at {LIBFAKETIME} (Debian: apt-get install faketime)"
+    );
+    let env = vec![("LD_PRELOAD".to_owned(), LIBFAKETIME.to_owned())];
+    let out = std::process::Command::new("date")
+        .arg("+%s")
+        .envs(env.iter().cloned())
+        .env("FAKETIME", format!("+{SKEW}"))
+        .output()
+        .expect("running date under libfaketime");
+    let faked: i64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0);
+    let real = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    assert!(
+        faked - real >= 240,
+        "libfaketime did not move the clock ({faked} vs {real})"
+    );
+    env
 }
 
 /// Completions (task `succeed` events) per whole second since `origin`.
@@ -518,7 +814,7 @@ fn recovery(rates: &BTreeMap<i64, u64>, warm: Duration, healed: f64, end: f64) -
 }
 
 /// Checks the ledger and the store against each other.
-fn check(bench: &Bench, runs: &[Started]) -> Value {
+fn check(bench: &mut Bench, runs: &[Started]) -> Value {
     let read = |name: &str| std::fs::read_to_string(bench.ledger.path().join(name)).unwrap_or_default();
     let mut effects: HashMap<String, u32> = HashMap::new();
     for key in read("effects").lines() {
@@ -534,9 +830,14 @@ fn check(bench: &Bench, runs: &[Started]) -> Value {
             task_states.insert(key.to_owned(), state.to_owned());
         }
     }
+    let poisoned: std::collections::HashSet<String> = runs
+        .iter()
+        .filter(|r| matches!(r.shape, Shape::Poison(_)))
+        .map(|r| format!("{}:poison", r.id))
+        .collect();
     let no_effect = task_states
         .iter()
-        .filter(|(key, state)| *state == "succeeded" && !effects.contains_key(*key))
+        .filter(|(key, state)| *state == "succeeded" && !effects.contains_key(*key) && !poisoned.contains(*key))
         .count();
     let stored = bench.db.sql("SELECT id, state FROM workflow_run");
     let run_states: HashMap<String, String> = stored
@@ -555,22 +856,23 @@ fn check(bench: &Bench, runs: &[Started]) -> Value {
         };
         let state = state.as_str();
         *ended
-            .entry(format!("{:?}", run.shape).to_lowercase())
+            .entry(run.shape.name())
             .or_default()
             .entry(state.to_owned())
             .or_default() += 1;
-        let fine = match run.shape {
-            Shape::Chain | Shape::Fan | Shape::Retry => state == "succeeded",
+        let natural = match run.shape {
+            Shape::Chain | Shape::Fan | Shape::Retry | Shape::Cancel => state == "succeeded",
             Shape::Saga => {
                 state == "failed"
                     && task_states.get(&format!("{id}:undo_book")).map(String::as_str) == Some("succeeded")
             }
-            Shape::Cancel => matches!(state, "cancelled" | "succeeded"),
+            Shape::Poison(_) => state == "failed",
         };
+        let fine = natural || (run.cancel_at.is_some() && state == "cancelled");
         if !matches!(state, "succeeded" | "failed" | "cancelled") {
             stuck += 1;
         } else if !fine {
-            wrong.push(format!("{id} ({:?}) ended {state}", run.shape));
+            wrong.push(format!("{id} ({}) ended {state}", run.shape.name()));
         }
     }
     let stale: u64 = bench
@@ -578,6 +880,12 @@ fn check(bench: &Bench, runs: &[Started]) -> Value {
         .sql("SELECT count(*) FROM task_run_event WHERE transition = 'stale_write_rejected'")
         .parse()
         .unwrap_or(0);
+    let down: Vec<String> = bench
+        .procs
+        .exited()
+        .into_iter()
+        .map(|(name, status)| format!("{name} ({status})"))
+        .collect();
     let finished = runs.len() - missing - stuck;
     json!({
         "submitted": runs.len(),
@@ -587,11 +895,102 @@ fn check(bench: &Bench, runs: &[Started]) -> Value {
         "stuck": stuck,
         "wrong": wrong.len(),
         "wrong_runs": wrong.into_iter().take(5).collect::<Vec<_>>(),
+        "down": down.len(),
+        "down_processes": down,
         "stale_writes_rejected": stale,
         "attempts": attempts,
         "effects": effects.len(),
         "ended": ended,
     })
+}
+
+/// The resident memory (KiB) and open sockets of process `pid`.
+fn footprint(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let sockets = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("socket:")))
+        .count() as u64;
+    Some((rss, sockets))
+}
+
+/// Footprints of every process, taken while a soak runs.
+#[derive(Default)]
+struct Footprints {
+    /// Per process name: (seconds since start, pid, RSS KiB, sockets).
+    samples: BTreeMap<String, Vec<(f64, u32, u64, u64)>>,
+}
+
+impl Footprints {
+    fn sample(&mut self, procs: &mut Processes, at: f64) {
+        for name in procs.names("") {
+            let pid = procs.pid(&name);
+            if let Some((rss, sockets)) = footprint(pid) {
+                self.samples.entry(name).or_default().push((at, pid, rss, sockets));
+            }
+        }
+    }
+
+    /// Each process's growth from the `base` window to the `last` window
+    /// (the median of each), for the processes that ran through both.
+    fn growth(&self, base: (f64, f64), last: (f64, f64)) -> Value {
+        let mut rows = BTreeMap::new();
+        let (mut worst_rss, mut worst_sockets) = (0.0_f64, 0.0_f64);
+        for (name, samples) in &self.samples {
+            let window = |(from, to): (f64, f64)| -> Vec<&(f64, u32, u64, u64)> {
+                samples.iter().filter(|s| s.0 >= from && s.0 < to).collect()
+            };
+            let (first, end) = (window(base), window(last));
+            let (Some(a), Some(b)) = (first.first(), end.last()) else {
+                continue;
+            };
+            if a.1 != b.1 || first.iter().chain(&end).any(|s| s.1 != a.1) {
+                continue;
+            }
+            let med = |w: &[&(f64, u32, u64, u64)], f: fn(&(f64, u32, u64, u64)) -> u64| {
+                median(&w.iter().map(|s| f(s) as f64).collect::<Vec<_>>())
+            };
+            let rss = (med(&first, |s| s.2), med(&end, |s| s.2));
+            let sockets = (med(&first, |s| s.3), med(&end, |s| s.3));
+            let pct = |(a, b): (f64, f64)| if a > 0.0 { 100.0 * (b - a) / a } else { 0.0 };
+            worst_rss = worst_rss.max(pct(rss));
+            worst_sockets = worst_sockets.max(pct(sockets));
+            rows.insert(
+                name.clone(),
+                json!({"rss_kib": [rss.0, rss.1], "sockets": [sockets.0, sockets.1]}),
+            );
+        }
+        json!({
+            "processes_measured": rows.len(),
+            "rss_growth_pct": round(worst_rss, 1),
+            "socket_growth_pct": round(worst_sockets, 1),
+            "per_process": rows,
+        })
+    }
+}
+
+/// When each fault of a scenario begins and ends (seconds from its start).
+fn fault_windows(name: &'static str, phases: Phases) -> Vec<(f64, f64, &'static str)> {
+    let (warm, fault) = (phases.warm.as_secs_f64(), phases.fault.as_secs_f64());
+    if name != "soak" {
+        return vec![(warm, warm + fault, name)];
+    }
+    // One random fault every 30 s: 15 s of it, then 15 s of calm.
+    let mut windows = Vec::new();
+    let mut at = warm;
+    while at + 15.0 <= warm + fault {
+        windows.push((at, at + 15.0, SOAK_FAULTS[fastrand::usize(..SOAK_FAULTS.len())]));
+        at += 30.0;
+    }
+    windows
 }
 
 async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url: &str) -> Value {
@@ -602,27 +1001,67 @@ async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url:
         .map_or(0.0, |d| d.as_secs_f64());
     let begun = Instant::now();
     let mut runs: Vec<Started> = Vec::new();
-    let mut attempts_to_start = 0;
-    let mut injector = Injector::new(name, (bench.broker.url.clone(), bench.broker.queues[0].clone()));
+    let windows = fault_windows(name, phases);
+    let mut window = 0;
+    let mut injector: Option<Injector> = None;
+    let mut injected: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut footprints = Footprints::default();
+    let mut next_sample = 0.0;
     let total = phases.warm + phases.fault + phases.after;
     let interval = Duration::from_secs_f64(1.0 / RATE);
     let mut next_submit = Instant::now();
+    let mut submitted = 0;
     let mut healed = None;
     while begun.elapsed() < total {
-        let now = begun.elapsed();
-        if now >= phases.warm && now < phases.warm + phases.fault {
-            injector.tick(&mut bench.procs);
-        } else if now >= phases.warm + phases.fault && healed.is_none() {
-            injector.heal(&mut bench.procs);
-            healed = Some(now.as_secs_f64());
-            eprintln!("fault healed at {:.1} s", now.as_secs_f64());
+        let now = begun.elapsed().as_secs_f64();
+        if let Some(&(from, to, fault)) = windows.get(window) {
+            if now >= to {
+                if let Some(mut active) = injector.take() {
+                    active.heal(&mut bench);
+                    *injected.entry(fault).or_default() += active.injected;
+                    eprintln!("fault {fault} healed at {now:.1} s");
+                }
+                healed = Some(now);
+                window += 1;
+            } else if now >= from {
+                let active = injector.get_or_insert_with(|| {
+                    let mut new = Injector::new(fault);
+                    new.begin(&mut bench);
+                    new
+                });
+                active.tick(&mut bench);
+            }
         }
+        let workload = injector.as_ref().map(|i| i.fault);
         if Instant::now() >= next_submit {
-            attempts_to_start += 1;
-            runs.extend(bench.submit(attempts_to_start).await);
+            let shape = Shape::ALL[submitted % Shape::ALL.len()];
+            // Within a run's lifetime (about a second): racing its tasks'
+            // completions, the retried task's retry and the saga's
+            // compensation.
+            let cancel_after = match (shape, workload) {
+                (_, Some("cancel-race")) => Some(Duration::from_millis(fastrand::u64(..1200))),
+                (Shape::Cancel, _) => Some(Duration::from_millis(500)),
+                _ => None,
+            };
+            runs.extend(bench.submit(shape, cancel_after).await);
+            if workload == Some("poison-tasks") {
+                let poison = Shape::POISON[submitted % Shape::POISON.len()];
+                runs.extend(bench.submit(poison, None).await);
+            }
+            if let Some(active) = injector
+                .as_mut()
+                .filter(|i| matches!(i.fault, "cancel-race" | "poison-tasks"))
+            {
+                active.injected += 1;
+            }
+            submitted += 1;
             next_submit += interval;
         }
         bench.cancel_due(&mut runs).await;
+        if name == "soak" && now >= next_sample {
+            footprints.sample(&mut bench.procs, now);
+            next_sample = now + 5.0;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let submitted_for = begun.elapsed().as_secs_f64();
@@ -631,15 +1070,25 @@ async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url:
         bench.cancel_due(&mut runs).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let mut result = check(&bench, &runs);
+    let mut result = check(&mut bench, &runs);
     let rates = completions_per_second(&bench.db, origin);
     let healed = healed.unwrap_or(submitted_for);
     result["recovery_s"] = json!(recovery(&rates, phases.warm, healed, submitted_for).map(|r| round(r, 1)));
     result["scenario"] = json!(name);
     result["seconds"] = json!(phases.fault.as_secs());
-    let passed = ["lost", "duplicate_effects", "stuck", "wrong"]
+    result["faults"] = json!(injected.values().sum::<u64>());
+    let mut passed = ["lost", "duplicate_effects", "stuck", "wrong", "down"]
         .iter()
         .all(|k| result[*k].as_u64() == Some(0));
+    if name == "soak" {
+        let warm = phases.warm.as_secs_f64();
+        let growth = footprints.growth((warm, warm + 30.0), (submitted_for - 30.0, submitted_for));
+        passed &= growth["rss_growth_pct"].as_f64().is_some_and(|g| g <= 10.0)
+            && growth["socket_growth_pct"].as_f64().is_some_and(|g| g <= 10.0)
+            && growth["processes_measured"].as_u64().is_some_and(|n| n > 0);
+        result["footprint"] = growth;
+        result["faults_by_kind"] = json!(injected);
+    }
     result["passed"] = json!(passed);
     if !passed {
         eprintln!("{}", bench.procs.all_tails());
@@ -667,32 +1116,43 @@ async fn main() {
         .map(|(_, a)| a.as_str())
         .collect();
     for n in &named {
-        if !SCENARIOS.contains(n) {
-            eprintln!("unknown scenario {n}; the scenarios are {}", SCENARIOS.join(", "));
+        if !SCENARIOS.contains(n) && *n != "soak" {
+            eprintln!(
+                "unknown scenario {n}; the scenarios are {} and soak",
+                SCENARIOS.join(", ")
+            );
             std::process::exit(2);
         }
     }
-    let fault = Duration::from_secs(seconds.unwrap_or(if quick { 10 } else { 30 }));
-    let phases = if quick {
-        Phases {
-            warm: Duration::from_secs(5),
-            fault,
-            after: Duration::from_secs(8),
-        }
-    } else {
-        Phases {
-            warm: Duration::from_secs(10),
-            fault,
-            after: Duration::from_secs(20),
-        }
-    };
     let amqp_url = std::env::var("AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP.to_owned());
     let server = Server::from_env();
     let mut failed = false;
-    for name in SCENARIOS {
-        if !named.is_empty() && !named.contains(&name) {
+    for name in SCENARIOS.into_iter().chain(["soak"]) {
+        let chosen = if named.is_empty() {
+            name != "soak"
+        } else {
+            named.contains(&name)
+        };
+        if !chosen {
             continue;
         }
+        let phases = match (name, quick) {
+            ("soak", _) => Phases {
+                warm: Duration::from_secs(30),
+                fault: Duration::from_secs(seconds.unwrap_or(if quick { 90 } else { 600 })),
+                after: Duration::from_secs(60),
+            },
+            (_, true) => Phases {
+                warm: Duration::from_secs(5),
+                fault: Duration::from_secs(seconds.unwrap_or(10)),
+                after: Duration::from_secs(8),
+            },
+            (_, false) => Phases {
+                warm: Duration::from_secs(10),
+                fault: Duration::from_secs(seconds.unwrap_or(30)),
+                after: Duration::from_secs(20),
+            },
+        };
         let result = scenario(name, phases, &server, &amqp_url).await;
         failed |= result["passed"] != json!(true);
         println!("{result}");

@@ -18,8 +18,9 @@ use serde_json::Value;
 
 use crate::{cargo, project_root};
 
-const START: &str = "<!-- chaos -->\n";
-const END: &str = "<!-- /chaos -->";
+/// The RELIABILITY.md sections the matrix and the soak write.
+const MATRIX: &str = "chaos";
+const SOAK: &str = "soak";
 
 /// `cargo xtask chaos`.
 pub(crate) fn run(args: &[String]) -> Result<()> {
@@ -46,14 +47,29 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     if results.is_empty() {
         bail!("the fault matrix reported no scenario ({}):\n{stdout}", output.status);
     }
-    let table = render(&results, quick, dev);
-    println!("{table}");
+    let (soak, matrix): (Vec<Value>, Vec<Value>) = results.iter().cloned().partition(|r| r["scenario"] == SOAK);
+    let mut sections = Vec::new();
+    if !matrix.is_empty() {
+        sections.push((MATRIX, render(&matrix, quick, dev)));
+    }
+    if !soak.is_empty() {
+        sections.push((SOAK, render_soak(&soak, dev)));
+    }
+    for (_, body) in &sections {
+        println!("{body}");
+    }
     if !check {
         let path = project_root().join("RELIABILITY.md");
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        let updated = replace_section(&text, &table)
-            .with_context(|| format!("{} has no `<!-- chaos -->` … `<!-- /chaos -->` section", path.display()))?;
-        std::fs::write(&path, updated).with_context(|| format!("writing {}", path.display()))?;
+        let mut text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        for (name, body) in &sections {
+            text = replace_section(&text, name, body).with_context(|| {
+                format!(
+                    "{} has no `<!-- {name} -->` … `<!-- /{name} -->` section",
+                    path.display()
+                )
+            })?;
+        }
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
     let failed: Vec<&str> = results
@@ -87,20 +103,22 @@ fn render(results: &[Value], quick: bool, dev: bool) -> String {
         crate::bench::machine()
     );
     out.push_str(
-        "| scenario | runs submitted | runs finished | lost | duplicate effects | stuck | wrong outcome | stale writes rejected | attempts | effects | recovery (s) | passed |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "| scenario | faults | runs submitted | runs finished | lost | duplicate effects | stuck | wrong outcome | processes down | stale writes rejected | attempts | effects | recovery (s) | passed |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for r in results {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r["scenario"].as_str().unwrap_or("?"),
+            cell(&r["faults"]),
             cell(&r["submitted"]),
             cell(&r["finished"]),
             cell(&r["lost"]),
             cell(&r["duplicate_effects"]),
             cell(&r["stuck"]),
             cell(&r["wrong"]),
+            cell(&r["down"]),
             cell(&r["stale_writes_rejected"]),
             cell(&r["attempts"]),
             cell(&r["effects"]),
@@ -111,10 +129,63 @@ fn render(results: &[Value], quick: bool, dev: bool) -> String {
     out
 }
 
-/// `text` with its chaos section's body replaced by `body`.
-fn replace_section(text: &str, body: &str) -> Option<String> {
-    let from = text.find(START)? + START.len();
-    let to = text[from..].find(END)? + from;
+/// The soak's figures: the faults it drew and every process's footprint.
+fn render_soak(results: &[Value], dev: bool) -> String {
+    let mut out = String::new();
+    for r in results {
+        let footprint = &r["footprint"];
+        let _ = write!(
+            out,
+            "Run with the {} build: {} s of random faults, one every 30 s for 15 s ({}), two runs started a second; \
+             {} runs submitted, {} finished, lost {}, duplicate effects {}, stuck {}, wrong outcome {}, processes down {}; \
+             passed: {}.\n\nMachine:\n\n{}\n\
+             Memory and sockets of the {} processes that ran throughout, median of the 30 s after the warm-up \
+             against the last 30 s (worst growth: memory {} %, sockets {} %):\n\n\
+             | process | RSS after warm-up (KiB) | RSS at the end (KiB) | sockets after warm-up | sockets at the end |\n\
+             | --- | --- | --- | --- | --- |\n",
+            if dev { "dev" } else { "release" },
+            cell(&r["seconds"]),
+            r["faults_by_kind"]
+                .as_object()
+                .map(|m| m
+                    .iter()
+                    .map(|(k, v)| format!("{k} ×{v}"))
+                    .collect::<Vec<_>>()
+                    .join(", "))
+                .unwrap_or_default(),
+            cell(&r["submitted"]),
+            cell(&r["finished"]),
+            cell(&r["lost"]),
+            cell(&r["duplicate_effects"]),
+            cell(&r["stuck"]),
+            cell(&r["wrong"]),
+            cell(&r["down"]),
+            cell(&r["passed"]),
+            crate::bench::machine(),
+            cell(&footprint["processes_measured"]),
+            cell(&footprint["rss_growth_pct"]),
+            cell(&footprint["socket_growth_pct"]),
+        );
+        for (name, p) in footprint["per_process"].as_object().into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "| {name} | {} | {} | {} | {} |",
+                cell(&p["rss_kib"][0]),
+                cell(&p["rss_kib"][1]),
+                cell(&p["sockets"][0]),
+                cell(&p["sockets"][1]),
+            );
+        }
+    }
+    out
+}
+
+/// `text` with the body of its section `name` replaced by `body`.
+fn replace_section(text: &str, name: &str, body: &str) -> Option<String> {
+    let start = format!("<!-- {name} -->\n");
+    let end = format!("<!-- /{name} -->");
+    let from = text.find(&start)? + start.len();
+    let to = text[from..].find(&end)? + from;
     Some(format!("{}{body}\n{}", &text[..from], &text[to..]))
 }
 
@@ -126,10 +197,10 @@ mod tests {
     fn the_section_is_replaced_and_the_rest_kept() {
         let text = "# R\n\nbefore\n<!-- chaos -->\nold\n<!-- /chaos -->\nafter\n";
         assert_eq!(
-            replace_section(text, "new").as_deref(),
+            replace_section(text, "chaos", "new").as_deref(),
             Some("# R\n\nbefore\n<!-- chaos -->\nnew\n<!-- /chaos -->\nafter\n")
         );
-        assert_eq!(replace_section("no markers", "new"), None);
+        assert_eq!(replace_section(text, "soak", "new"), None);
     }
 
     #[test]
@@ -138,7 +209,7 @@ mod tests {
             serde_json::json!({"scenario": "worker-kill", "seconds": 10, "lost": 1, "passed": false, "recovery_s": null}),
         ];
         let table = render(&rows, true, true);
-        assert!(table.contains("| worker-kill | — | — | 1 |"), "{table}");
+        assert!(table.contains("| worker-kill | — | — | — | 1 |"), "{table}");
         assert!(table.ends_with("| **no** |\n"), "{table}");
     }
 }

@@ -43,6 +43,7 @@ impl Drop for Broker {
 struct Proc {
     name: String,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     child: Child,
 }
 
@@ -72,7 +73,7 @@ impl Processes {
 
     /// The command for `name`; its output is appended to `name`'s log, which
     /// a restarted process shares with the ones before it.
-    fn command(&self, name: &str, args: &[String]) -> Command {
+    fn command(&self, name: &str, args: &[String], env: &[(String, String)]) -> Command {
         let log = File::options()
             .create(true)
             .append(true)
@@ -83,14 +84,15 @@ impl Processes {
             .args(args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log file"))
-            .stderr(log);
+            .stderr(log)
+            .envs(env.iter().map(|(k, v)| (k, v)));
         cmd
     }
 
     /// Runs a one-shot command to completion.
     pub(crate) fn run(&self, name: &str, args: &[&str]) {
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-        let status = self.command(name, &args).status().expect("running flowforge");
+        let status = self.command(name, &args, &[]).status().expect("running flowforge");
         assert!(
             status.success(),
             "flowforge {name} failed ({status}):\n{}",
@@ -100,16 +102,28 @@ impl Processes {
 
     /// Starts `flowforge <args>` as `name`; returns its pid.
     pub(crate) fn spawn(&mut self, name: &str, args: &[&str]) -> u32 {
+        self.spawn_with(name, args, Vec::new())
+    }
+
+    /// [`Processes::spawn`] with extra environment variables, kept for
+    /// every restart.
+    pub(crate) fn spawn_with(&mut self, name: &str, args: &[&str], env: Vec<(String, String)>) -> u32 {
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-        let child = self.command(name, &args).spawn().expect("starting flowforge");
+        let child = self.command(name, &args, &env).spawn().expect("starting flowforge");
         let pid = child.id();
         eprintln!("started flowforge {name} (pid {pid})");
         self.children.push(Proc {
             name: name.to_owned(),
             args,
+            env,
             child,
         });
         pid
+    }
+
+    /// The pid of `name`.
+    pub(crate) fn pid(&mut self, name: &str) -> u32 {
+        self.find(name).child.id()
     }
 
     /// The pids of the processes whose name starts with `prefix`.
@@ -170,8 +184,14 @@ impl Processes {
             let _ = proc.child.kill();
             let _ = proc.child.wait();
         }
-        let args = self.find(name).args.clone();
-        let child = self.command(name, &args).spawn().expect("starting flowforge again");
+        let (args, env) = {
+            let proc = self.find(name);
+            (proc.args.clone(), proc.env.clone())
+        };
+        let child = self
+            .command(name, &args, &env)
+            .spawn()
+            .expect("starting flowforge again");
         let pid = child.id();
         self.find(name).child = child;
         pid
@@ -188,15 +208,25 @@ impl Processes {
         std::fs::read_to_string(self.log_path(name)).unwrap_or_default()
     }
 
+    /// Sets the environment `name` is started again with.
+    pub(crate) fn set_env(&mut self, name: &str, env: Vec<(String, String)>) {
+        self.find(name).env = env;
+    }
+
+    /// The processes that have exited, with how.
+    pub(crate) fn exited(&mut self) -> Vec<(String, ExitStatus)> {
+        self.children
+            .iter_mut()
+            .filter_map(|p| match p.child.try_wait() {
+                Ok(Some(status)) => Some((p.name.clone(), status)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Panics (with its log) if a process has exited.
     pub(crate) fn check_alive(&mut self) {
-        let mut dead = Vec::new();
-        for p in &mut self.children {
-            if let Ok(Some(status)) = p.child.try_wait() {
-                dead.push((p.name.clone(), status));
-            }
-        }
-        if let Some((name, status)) = dead.first() {
+        if let Some((name, status)) = self.exited().first() {
             panic!("flowforge {name} exited ({status}):\n{}", self.tail(name));
         }
     }

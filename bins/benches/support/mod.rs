@@ -327,6 +327,7 @@ pub(crate) fn round(x: f64, digits: i32) -> f64 {
 /// delete the queues and exchanges a benchmark declared (this crate links
 /// no AMQP client; the adapter declares but never deletes).
 pub(crate) mod cluster;
+pub(crate) mod proxy;
 
 pub(crate) mod amqp {
     use std::io::{self, Read, Write};
