@@ -1,7 +1,9 @@
 //! `cargo xtask chaos`: the fault matrix (the `chaos` bench of
 //! `flowforge-bins`, separate processes on this machine's PostgreSQL and
 //! RabbitMQ with one fault per scenario), its table written into
-//! RELIABILITY.md between the `chaos` markers.
+//! RELIABILITY.md between the `chaos` markers; the soak (`soak`, only when
+//! named: random faults for `--seconds`, 600 by default) is written
+//! between the `soak` markers with every process's memory and sockets.
 //!
 //! `cargo xtask chaos [--quick] [--seconds N] [--dev] [--check] [scenario…]`:
 //! `--quick` shortens every phase, `--seconds` sets how long the fault
