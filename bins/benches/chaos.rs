@@ -19,7 +19,7 @@
 //! * `wrong`: a run that ended other than its shape says (a chain, a
 //!   fan-out and a retried task succeed; a saga fails with its compensator
 //!   succeeded; a poison task's run fails; a run asked to cancel may end
-//!   cancelled instead);
+//!   cancelled instead), or a hostile input `flowforge submit` took;
 //! * `down`: a process that exited when nothing killed it;
 //! * `stale_writes_rejected`: late writes the fencing token discarded
 //!   (evidence, not a failure: a stopped worker's late finish must be one);
@@ -62,7 +62,7 @@ use support::proxy::{self, Proxy};
 use support::{BenchDb, Server, definition, median, publish, round};
 
 const DEFAULT_AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-const SCENARIOS: [&str; 16] = [
+const SCENARIOS: [&str; 17] = [
     "worker-kill",
     "worker-stop",
     "worker-term",
@@ -79,6 +79,7 @@ const SCENARIOS: [&str; 16] = [
     "clock-skew",
     "cancel-race",
     "poison-tasks",
+    "hostile-input",
 ];
 /// The faults the soak draws from, one at a time: those that leave every
 /// process running, so each one's memory and sockets can be followed
@@ -238,6 +239,113 @@ impl Shape {
         };
         definition(&format!("chaos-{}", self.name()), tasks)
     }
+}
+
+/// A definition file and run input no store may take, submitted with
+/// `flowforge submit` while the workload runs: each must be refused with
+/// exit 2 and an error, never a panic, and start no run.
+struct Hostile {
+    case: &'static str,
+    file: Vec<u8>,
+    input: Option<String>,
+}
+
+fn hostile_cases() -> Vec<Hostile> {
+    let def = |name: &str, tasks: Value| json!({"name": format!("hostile-{name}"), "version": 1, "tasks": tasks});
+    let noop = |key: &str, deps: &[&str]| json!({"key": key, "task_type": "noop", "depends_on": deps});
+    let file = |v: Value| serde_json::to_vec(&v).expect("JSON");
+    let case = |case, file, input: Option<String>| Hostile { case, file, input };
+    let deep = format!(
+        r#"{{"name":"hostile-deep","version":1,"tasks":[{{"key":"a","task_type":"noop","config":{{"x":{}1{}}}}}]}}"#,
+        "[".repeat(10_000),
+        "]".repeat(10_000)
+    );
+    vec![
+        case(
+            "cycle",
+            file(def("cycle", json!([noop("a", &["b"]), noop("b", &["a"])]))),
+            None,
+        ),
+        case(
+            "unknown-dependency",
+            file(def("ghost", json!([noop("a", &["ghost"])]))),
+            None,
+        ),
+        case(
+            "duplicate-keys",
+            file(def("twice", json!([noop("a", &[]), noop("a", &[])]))),
+            None,
+        ),
+        case("nul-in-key", file(def("nul-key", json!([noop("a\u{0}b", &[])]))), None),
+        case(
+            "unknown-task-type",
+            file(def("type", json!([{"key": "a", "task_type": "rm -rf /"}]))),
+            None,
+        ),
+        case(
+            "timeout-past-consumer-timeout",
+            file(def(
+                "timeout",
+                json!([{"key": "a", "task_type": "noop", "timeout_seconds": 1e9}]),
+            )),
+            None,
+        ),
+        case(
+            "huge-version",
+            br#"{"name":"hostile-version","version":1e30,"tasks":[]}"#.to_vec(),
+            None,
+        ),
+        case("nesting-10000-deep", deep.into_bytes(), None),
+        case(
+            "not-utf8",
+            b"{\"name\":\"hostile-\xff\xfe\",\"version\":1,\"tasks\":[]}".to_vec(),
+            None,
+        ),
+        case("not-json", b"name: hostile\n".to_vec(), None),
+        case("empty", Vec::new(), None),
+        case(
+            "input-over-the-limit",
+            file(def("big-input", json!([noop("a", &[])]))),
+            Some(json!({"blob": "x".repeat(2 * 1024 * 1024)}).to_string()),
+        ),
+        case(
+            "nul-in-input",
+            file(def("nul-input", json!([noop("a", &[])]))),
+            Some(r#"{"s":"\u0000"}"#.to_owned()),
+        ),
+        case(
+            "input-not-json",
+            file(def("bad-input", json!([noop("a", &[])]))),
+            Some("{".to_owned()),
+        ),
+    ]
+}
+
+/// Submits `case`; what was wrong with the answer, if anything.
+fn submit_hostile(procs: &Processes, db_url: &str, dir: &Path, case: &Hostile) -> Option<String> {
+    let path = dir.join(format!("hostile-{}.json", case.case));
+    std::fs::write(&path, &case.file).expect("writing a hostile definition");
+    let path = path.display().to_string();
+    let mut args = vec!["--db", db_url, "submit", path.as_str()];
+    let input_file;
+    if let Some(input) = &case.input {
+        // From a file: a 2 MB argument would hit the kernel's limit first.
+        let file = dir.join(format!("hostile-{}.input", case.case));
+        std::fs::write(&file, input).expect("writing a hostile input");
+        input_file = format!("@{}", file.display());
+        args.extend(["--input", input_file.as_str()]);
+    }
+    let out = procs.output(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let fine = out.status.code() == Some(2) && !stderr.trim().is_empty() && !stderr.contains("panicked");
+    (!fine).then(|| {
+        format!(
+            "hostile {}: {} — {}",
+            case.case,
+            out.status,
+            stderr.lines().take(3).collect::<Vec<_>>().join(" / ")
+        )
+    })
 }
 
 /// One started run.
@@ -555,6 +663,8 @@ struct Injector {
     trapped: Option<String>,
     /// How many times the fault was injected.
     injected: u64,
+    /// What the fault showed to be wrong (a hostile input taken).
+    findings: Vec<String>,
 }
 
 impl Injector {
@@ -568,6 +678,7 @@ impl Injector {
             held: false,
             trapped: None,
             injected: 0,
+            findings: Vec::new(),
         }
     }
 
@@ -738,6 +849,14 @@ impl Injector {
                     self.held = true;
                     self.next = Instant::now() + Duration::from_secs(6);
                 }
+            }
+            "hostile-input" => {
+                let cases = hostile_cases();
+                let case = &cases[self.injected as usize % cases.len()];
+                let finding = submit_hostile(&bench.procs, &bench.db.url(), bench.ledger.path(), case);
+                self.findings.extend(finding);
+                self.injected += 1;
+                self.next = Instant::now() + Duration::from_millis(500);
             }
             // The rest last their whole phase (see `begin`) or change the
             // workload rather than the processes.
@@ -1005,6 +1124,7 @@ async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url:
     let mut window = 0;
     let mut injector: Option<Injector> = None;
     let mut injected: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut findings: Vec<String> = Vec::new();
     let mut footprints = Footprints::default();
     let mut next_sample = 0.0;
     let total = phases.warm + phases.fault + phases.after;
@@ -1019,6 +1139,7 @@ async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url:
                 if let Some(mut active) = injector.take() {
                     active.heal(&mut bench);
                     *injected.entry(fault).or_default() += active.injected;
+                    findings.append(&mut active.findings);
                     eprintln!("fault {fault} healed at {now:.1} s");
                 }
                 healed = Some(now);
@@ -1070,7 +1191,23 @@ async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url:
         bench.cancel_due(&mut runs).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    let hostile_runs: u64 = bench
+        .db
+        .sql(
+            "SELECT count(*) FROM workflow_run r JOIN workflow w ON w.id = r.workflow_id WHERE w.name LIKE 'hostile-%'",
+        )
+        .parse()
+        .unwrap_or(0);
+    if hostile_runs > 0 {
+        findings.push(format!("{hostile_runs} runs of hostile definitions were started"));
+    }
     let mut result = check(&mut bench, &runs);
+    if !findings.is_empty() {
+        result["wrong"] = json!(result["wrong"].as_u64().unwrap_or(0) + findings.len() as u64);
+        if let Some(list) = result["wrong_runs"].as_array_mut() {
+            list.extend(findings.into_iter().take(10).map(Value::from));
+        }
+    }
     let rates = completions_per_second(&bench.db, origin);
     let healed = healed.unwrap_or(submitted_for);
     result["recovery_s"] = json!(recovery(&rates, phases.warm, healed, submitted_for).map(|r| round(r, 1)));

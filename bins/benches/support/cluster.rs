@@ -100,6 +100,16 @@ impl Processes {
         );
     }
 
+    /// Runs a one-shot `flowforge <args>` and returns what it printed.
+    pub(crate) fn output(&self, args: &[&str]) -> std::process::Output {
+        Command::new(BIN)
+            .args(&self.global)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running flowforge")
+    }
+
     /// Starts `flowforge <args>` as `name`; returns its pid.
     pub(crate) fn spawn(&mut self, name: &str, args: &[&str]) -> u32 {
         self.spawn_with(name, args, Vec::new())
