@@ -28,7 +28,7 @@
 //!   back to 90 % of the rate before it.
 //!
 //! A scenario passes when lost, duplicate effects, stuck, wrong and down
-//! are all 0; the soak also needs every process that ran throughout to end
+//! are all 0 and its fault was injected at least once; the soak also needs every process that ran throughout to end
 //! within 10 % of the memory and sockets it held after the warm-up.
 //!
 //! Usage: `cargo bench -p flowforge-bins --bench chaos -- [--quick]
@@ -62,7 +62,7 @@ use support::proxy::{self, Proxy};
 use support::{BenchDb, Server, definition, median, publish, round};
 
 const DEFAULT_AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-const SCENARIOS: [&str; 17] = [
+const SCENARIOS: [&str; 18] = [
     "worker-kill",
     "worker-stop",
     "worker-term",
@@ -75,6 +75,7 @@ const SCENARIOS: [&str; 17] = [
     "worker-cut-postgres",
     "worker-cut-rabbitmq",
     "queue-delete",
+    "consumer-timeout",
     "duplicate-delivery",
     "clock-skew",
     "cancel-race",
@@ -114,6 +115,8 @@ const SETTLE: Duration = Duration::from_secs(120);
 /// How far `clock-skew` moves two workers' clocks, one each way.
 const SKEW: &str = "5m";
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+/// The broker's consumer timeout during `consumer-timeout`.
+const CONSUMER_TIMEOUT_MS: u64 = 3000;
 /// Extra copies `duplicate-delivery` puts in the queue of every dispatch.
 const STORM_COPIES: usize = 2;
 
@@ -157,6 +160,9 @@ enum Shape {
     Retry,
     Saga,
     Cancel,
+    /// One task working longer than the broker's consumer timeout during
+    /// `consumer-timeout`.
+    Slow,
     Poison(Poison),
 }
 
@@ -222,6 +228,7 @@ impl Shape {
                     _ => task(&format!("s{i}"), &[format!("s{}", i - 1).as_str()], &[]),
                 })
                 .collect(),
+            Self::Slow => vec![task("slow", &[], &[("WORK", "6")])],
             Self::Poison(kind) => {
                 let script = match kind {
                     Poison::Nul => r#"printf '%s\n' '{"s":"\u0000"}'"#,
@@ -403,7 +410,7 @@ impl Bench {
         .expect("connecting to the scenario's database");
         let ledger = tempfile::tempdir().expect("a ledger folder");
         let mut workflows = BTreeMap::new();
-        for shape in Shape::ALL.into_iter().chain(Shape::POISON) {
+        for shape in Shape::ALL.into_iter().chain(Shape::POISON).chain([Shape::Slow]) {
             workflows.insert(shape, publish(&store, &shape.definition(ledger.path())).await);
         }
         let mut bench = Self {
@@ -547,8 +554,9 @@ impl Drop for Outage {
     }
 }
 
-/// Runs a service tool, panicking with its output when it fails.
-fn run_tool(argv: &[String]) {
+/// Runs a service tool, panicking with its output when it fails; returns
+/// what it printed.
+fn run_tool(argv: &[String]) -> String {
     let out = std::process::Command::new(&argv[0])
         .args(&argv[1..])
         .output()
@@ -561,6 +569,47 @@ fn run_tool(argv: &[String]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Evaluates an Erlang expression in this machine's broker; its result.
+fn rabbit_eval(expression: &str) -> String {
+    let out = run_tool(&["rabbitmqctl".to_owned(), "eval".to_owned(), expression.to_owned()]);
+    out.lines().last().unwrap_or_default().trim().to_owned()
+}
+
+/// Settings of this machine's broker changed for a fault (new channels
+/// take them), put back when it heals — or when this guard drops, however
+/// the run ends.
+struct BrokerSettings {
+    saved: Vec<(&'static str, String)>,
+}
+
+impl BrokerSettings {
+    fn set(settings: &[(&'static str, u64)]) -> Self {
+        let saved = settings
+            .iter()
+            .map(|(key, value)| {
+                let old = rabbit_eval(&format!("application:get_env(rabbit, {key})."));
+                rabbit_eval(&format!("application:set_env(rabbit, {key}, {value})."));
+                eprintln!("broker setting {key} = {value} (was {old})");
+                (*key, old)
+            })
+            .collect();
+        Self { saved }
+    }
+}
+
+impl Drop for BrokerSettings {
+    fn drop(&mut self) {
+        for (key, old) in &self.saved {
+            match old.strip_prefix("{ok,").and_then(|v| v.strip_suffix('}')) {
+                Some(value) => rabbit_eval(&format!("application:set_env(rabbit, {key}, {value}).")),
+                None => rabbit_eval(&format!("application:unset_env(rabbit, {key}).")),
+            };
+            eprintln!("broker setting {key} put back to {old}");
+        }
+    }
 }
 
 /// A duplicate-delivery storm: a queue of its own bound like the
@@ -741,6 +790,15 @@ impl Injector {
         for paths in bench.paths.values() {
             paths.postgres.silence(false);
             paths.rabbitmq.silence(false);
+        }
+        if self.fault == "consumer-timeout" {
+            // The workers' logs tell how often the broker took deliveries back.
+            self.injected = bench
+                .procs
+                .names("worker-")
+                .iter()
+                .map(|w| bench.procs.log(w).matches("acknowledgement failed").count() as u64)
+                .sum();
         }
         if self.fault == "clock-skew" {
             for victim in self.victims() {
@@ -980,7 +1038,7 @@ fn check(bench: &mut Bench, runs: &[Started]) -> Value {
             .entry(state.to_owned())
             .or_default() += 1;
         let natural = match run.shape {
-            Shape::Chain | Shape::Fan | Shape::Retry | Shape::Cancel => state == "succeeded",
+            Shape::Chain | Shape::Fan | Shape::Retry | Shape::Cancel | Shape::Slow => state == "succeeded",
             Shape::Saga => {
                 state == "failed"
                     && task_states.get(&format!("{id}:undo_book")).map(String::as_str) == Some("succeeded")
@@ -1114,6 +1172,14 @@ fn fault_windows(name: &'static str, phases: Phases) -> Vec<(f64, f64, &'static 
 
 async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url: &str) -> Value {
     eprintln!("==> scenario {name}");
+    // The workers' channels time a delivery out after CONSUMER_TIMEOUT_MS,
+    // checked every second, from their start to the scenario's end.
+    let _settings = (name == "consumer-timeout").then(|| {
+        BrokerSettings::set(&[
+            ("consumer_timeout", CONSUMER_TIMEOUT_MS),
+            ("channel_tick_interval", 1000),
+        ])
+    });
     let mut bench = Bench::start(server, amqp_url, "chaos").await;
     let origin = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1165,9 +1231,13 @@ async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url:
                 _ => None,
             };
             runs.extend(bench.submit(shape, cancel_after).await);
-            if workload == Some("poison-tasks") {
-                let poison = Shape::POISON[submitted % Shape::POISON.len()];
-                runs.extend(bench.submit(poison, None).await);
+            match workload {
+                Some("poison-tasks") => {
+                    let poison = Shape::POISON[submitted % Shape::POISON.len()];
+                    runs.extend(bench.submit(poison, None).await);
+                }
+                Some("consumer-timeout") => runs.extend(bench.submit(Shape::Slow, None).await),
+                _ => {}
             }
             if let Some(active) = injector
                 .as_mut()
@@ -1214,9 +1284,11 @@ async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url:
     result["scenario"] = json!(name);
     result["seconds"] = json!(phases.fault.as_secs());
     result["faults"] = json!(injected.values().sum::<u64>());
+    // A fault that never happened proves nothing.
     let mut passed = ["lost", "duplicate_effects", "stuck", "wrong", "down"]
         .iter()
-        .all(|k| result[*k].as_u64() == Some(0));
+        .all(|k| result[*k].as_u64() == Some(0))
+        && result["faults"].as_u64().is_some_and(|n| n > 0);
     if name == "soak" {
         let warm = phases.warm.as_secs_f64();
         let growth = footprints.growth((warm, warm + 30.0), (submitted_for - 30.0, submitted_for));
