@@ -15,6 +15,8 @@
 //! * `lost`: a submitted run missing from the store, or a task run
 //!   reported succeeded whose effect never happened;
 //! * `duplicate_effects`: a key whose effect happened more than once;
+//! * `duplicate_attempts`: one attempt (key and attempt number) run more
+//!   than once — two workers holding one claim;
 //! * `stuck`: a run not terminal within the bound after the fault healed;
 //! * `wrong`: a run that ended other than its shape says (a chain, a
 //!   fan-out and a retried task succeed; a saga fails with its compensator
@@ -27,8 +29,8 @@
 //! * `recovery_s`: from the fault healing until completions per second are
 //!   back to 90 % of the rate before it.
 //!
-//! A scenario passes when lost, duplicate effects, stuck, wrong and down
-//! are all 0 and its fault was injected at least once; the soak also needs every process that ran throughout to end
+//! A scenario passes when lost, duplicate effects and attempts, stuck,
+//! wrong and down are all 0 and its fault was injected at least once; the soak also needs every process that ran throughout to end
 //! within 10 % of the memory and sockets it held after the warm-up.
 //!
 //! Usage: `cargo bench -p flowforge-bins --bench chaos -- [--quick]
@@ -554,9 +556,8 @@ impl Drop for Outage {
     }
 }
 
-/// Runs a service tool, panicking with its output when it fails; returns
-/// what it printed.
-fn run_tool(argv: &[String]) -> String {
+/// Runs a service tool, panicking with its output when it fails.
+fn run_tool(argv: &[String]) {
     let out = std::process::Command::new(&argv[0])
         .args(&argv[1..])
         .output()
@@ -569,45 +570,84 @@ fn run_tool(argv: &[String]) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Evaluates an Erlang expression in this machine's broker; its result.
-fn rabbit_eval(expression: &str) -> String {
-    let out = run_tool(&["rabbitmqctl".to_owned(), "eval".to_owned(), expression.to_owned()]);
-    out.lines().last().unwrap_or_default().trim().to_owned()
+fn rabbit_eval(expression: &str) -> Result<String, String> {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(["eval", expression])
+        .output()
+        .map_err(|e| format!("cannot run rabbitmqctl: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "rabbitmqctl eval {expression} failed ({}): {stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(stdout.lines().last().unwrap_or_default().trim().to_owned())
 }
 
-/// Settings of this machine's broker changed for a fault (new channels
-/// take them), put back when it heals — or when this guard drops, however
-/// the run ends.
+/// Settings of this machine's broker changed for a scenario (new channels
+/// take them), put back when this guard drops, however the run ends. The
+/// old values are also kept in a file until then, so a harness killed
+/// before it could put them back has the next run do it
+/// ([`BrokerSettings::recover`]).
 struct BrokerSettings {
-    saved: Vec<(&'static str, String)>,
+    saved: Vec<(String, String)>,
 }
 
 impl BrokerSettings {
-    fn set(settings: &[(&'static str, u64)]) -> Self {
-        let saved = settings
-            .iter()
-            .map(|(key, value)| {
-                let old = rabbit_eval(&format!("application:get_env(rabbit, {key})."));
-                rabbit_eval(&format!("application:set_env(rabbit, {key}, {value})."));
-                eprintln!("broker setting {key} = {value} (was {old})");
-                (*key, old)
-            })
-            .collect();
-        Self { saved }
+    fn file() -> std::path::PathBuf {
+        std::env::temp_dir().join("flowforge-chaos-broker-settings")
+    }
+
+    fn set(settings: &[(&str, u64)]) -> Self {
+        let mut guard = Self { saved: Vec::new() };
+        for (key, value) in settings {
+            let old = rabbit_eval(&format!("application:get_env(rabbit, {key}).")).unwrap_or_else(|e| panic!("{e}"));
+            guard.saved.push(((*key).to_owned(), old.clone()));
+            let lines: Vec<String> = guard.saved.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            std::fs::write(Self::file(), lines.join("\n")).expect("writing the broker settings to put back");
+            rabbit_eval(&format!("application:set_env(rabbit, {key}, {value}).")).unwrap_or_else(|e| panic!("{e}"));
+            eprintln!("broker setting {key} = {value} (was {old})");
+        }
+        guard
+    }
+
+    /// Puts back what a harness that did not end cleanly left changed.
+    fn recover() {
+        if let Ok(text) = std::fs::read_to_string(Self::file()) {
+            let saved = text
+                .lines()
+                .filter_map(|l| l.split_once(' '))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+            drop(Self { saved });
+        }
     }
 }
 
 impl Drop for BrokerSettings {
     fn drop(&mut self) {
+        // Never panics: it may run while a panic unwinds.
+        let mut all_back = true;
         for (key, old) in &self.saved {
-            match old.strip_prefix("{ok,").and_then(|v| v.strip_suffix('}')) {
+            let put = match old.strip_prefix("{ok,").and_then(|v| v.strip_suffix('}')) {
                 Some(value) => rabbit_eval(&format!("application:set_env(rabbit, {key}, {value}).")),
                 None => rabbit_eval(&format!("application:unset_env(rabbit, {key}).")),
             };
-            eprintln!("broker setting {key} put back to {old}");
+            match put {
+                Ok(_) => eprintln!("broker setting {key} put back to {old}"),
+                Err(e) => {
+                    all_back = false;
+                    eprintln!("could not put broker setting {key} back to {old}: {e}");
+                }
+            }
+        }
+        if all_back {
+            let _ = std::fs::remove_file(Self::file());
         }
     }
 }
@@ -877,7 +917,8 @@ impl Injector {
                         self.next = Instant::now() + Duration::from_secs(1);
                     }
                 } else {
-                    let victim = pick(&procs.names("publisher-"));
+                    let publishers = procs.names("publisher-");
+                    let victim = publishers[self.injected as usize % publishers.len()].clone();
                     let pid = procs.pid(&victim);
                     bench.path(&victim).rabbitmq.arm_confirm_trap(pid);
                     self.trapped = Some(victim);
@@ -997,7 +1038,15 @@ fn check(bench: &mut Bench, runs: &[Started]) -> Value {
     for key in read("effects").lines() {
         *effects.entry(key.to_owned()).or_default() += 1;
     }
-    let attempts = read("attempts").lines().count();
+    let attempt_lines = read("attempts");
+    let attempts = attempt_lines.lines().count();
+    // Each claim is a new attempt number: the same one run twice means two
+    // workers held one claim.
+    let mut seen: HashMap<&str, u32> = HashMap::new();
+    for line in attempt_lines.lines() {
+        *seen.entry(line).or_default() += 1;
+    }
+    let duplicate_attempts = seen.values().filter(|n| **n > 1).count();
     let duplicates = effects.values().filter(|n| **n > 1).count();
 
     let tasks = bench.db.sql("SELECT run_id || ':' || task_key, state FROM task_run");
@@ -1069,6 +1118,7 @@ fn check(bench: &mut Bench, runs: &[Started]) -> Value {
         "finished": finished,
         "lost": missing + no_effect,
         "duplicate_effects": duplicates,
+        "duplicate_attempts": duplicate_attempts,
         "stuck": stuck,
         "wrong": wrong.len(),
         "wrong_runs": wrong.into_iter().take(5).collect::<Vec<_>>(),
@@ -1137,7 +1187,11 @@ impl Footprints {
             };
             let rss = (med(&first, |s| s.2), med(&end, |s| s.2));
             let sockets = (med(&first, |s| s.3), med(&end, |s| s.3));
-            let pct = |(a, b): (f64, f64)| if a > 0.0 { 100.0 * (b - a) / a } else { 0.0 };
+            let pct = |(a, b): (f64, f64)| match a {
+                a if a > 0.0 => 100.0 * (b - a) / a,
+                _ if b > 0.0 => 100.0,
+                _ => 0.0,
+            };
             worst_rss = worst_rss.max(pct(rss));
             worst_sockets = worst_sockets.max(pct(sockets));
             rows.insert(
@@ -1255,6 +1309,14 @@ async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url:
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // An iteration that blocked past the end (a drain, a restart) leaves
+    // its fault to heal here, before anything settles or is checked.
+    if let Some(mut active) = injector.take() {
+        active.heal(&mut bench);
+        *injected.entry(active.fault).or_default() += active.injected;
+        findings.append(&mut active.findings);
+        healed = Some(begun.elapsed().as_secs_f64());
+    }
     let submitted_for = begun.elapsed().as_secs_f64();
     let settle_by = Instant::now() + SETTLE;
     while bench.unfinished() > 0 && Instant::now() < settle_by {
@@ -1285,13 +1347,21 @@ async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url:
     result["seconds"] = json!(phases.fault.as_secs());
     result["faults"] = json!(injected.values().sum::<u64>());
     // A fault that never happened proves nothing.
-    let mut passed = ["lost", "duplicate_effects", "stuck", "wrong", "down"]
-        .iter()
-        .all(|k| result[*k].as_u64() == Some(0))
+    let mut passed = [
+        "lost",
+        "duplicate_effects",
+        "duplicate_attempts",
+        "stuck",
+        "wrong",
+        "down",
+    ]
+    .iter()
+    .all(|k| result[*k].as_u64() == Some(0))
         && result["faults"].as_u64().is_some_and(|n| n > 0);
     if name == "soak" {
         let warm = phases.warm.as_secs_f64();
-        let growth = footprints.growth((warm, warm + 30.0), (submitted_for - 30.0, submitted_for));
+        // The end of the warm-up, before the first fault.
+        let growth = footprints.growth((warm - 15.0, warm), (submitted_for - 30.0, submitted_for));
         passed &= growth["rss_growth_pct"].as_f64().is_some_and(|g| g <= 10.0)
             && growth["socket_growth_pct"].as_f64().is_some_and(|g| g <= 10.0)
             && growth["processes_measured"].as_u64().is_some_and(|n| n > 0);
@@ -1333,6 +1403,7 @@ async fn main() {
             std::process::exit(2);
         }
     }
+    BrokerSettings::recover();
     let amqp_url = std::env::var("AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP.to_owned());
     let server = Server::from_env();
     let mut failed = false;

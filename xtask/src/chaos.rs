@@ -105,19 +105,20 @@ fn render(results: &[Value], quick: bool, dev: bool) -> String {
         crate::bench::machine()
     );
     out.push_str(
-        "| scenario | faults | runs submitted | runs finished | lost | duplicate effects | stuck | wrong outcome | processes down | stale writes rejected | attempts | effects | recovery (s) | passed |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "| scenario | faults | runs submitted | runs finished | lost | duplicate effects | duplicate attempts | stuck | wrong outcome | processes down | stale writes rejected | attempts | effects | recovery (s) | passed |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for r in results {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r["scenario"].as_str().unwrap_or("?"),
             cell(&r["faults"]),
             cell(&r["submitted"]),
             cell(&r["finished"]),
             cell(&r["lost"]),
             cell(&r["duplicate_effects"]),
+            cell(&r["duplicate_attempts"]),
             cell(&r["stuck"]),
             cell(&r["wrong"]),
             cell(&r["down"]),
@@ -139,9 +140,9 @@ fn render_soak(results: &[Value], dev: bool) -> String {
         let _ = write!(
             out,
             "Run with the {} build: {} s of random faults, one every 30 s for 15 s ({}), two runs started a second; \
-             {} runs submitted, {} finished, lost {}, duplicate effects {}, stuck {}, wrong outcome {}, processes down {}; \
+             {} runs submitted, {} finished, lost {}, duplicate effects {}, duplicate attempts {}, stuck {}, wrong outcome {}, processes down {}; \
              passed: {}.\n\nMachine:\n\n{}\n\
-             Memory and sockets of the {} processes that ran throughout, median of the 30 s after the warm-up \
+             Memory and sockets of the {} processes that ran throughout, median of the last 15 s of the warm-up \
              against the last 30 s (worst growth: memory {} %, sockets {} %):\n\n\
              | process | RSS after warm-up (KiB) | RSS at the end (KiB) | sockets after warm-up | sockets at the end |\n\
              | --- | --- | --- | --- | --- |\n",
@@ -159,6 +160,7 @@ fn render_soak(results: &[Value], dev: bool) -> String {
             cell(&r["finished"]),
             cell(&r["lost"]),
             cell(&r["duplicate_effects"]),
+            cell(&r["duplicate_attempts"]),
             cell(&r["stuck"]),
             cell(&r["wrong"]),
             cell(&r["down"]),

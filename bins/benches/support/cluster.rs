@@ -55,6 +55,8 @@ pub(crate) struct Processes {
     global: Vec<String>,
     logs: tempfile::TempDir,
     children: Vec<Proc>,
+    /// Processes found dead when about to be signalled.
+    died: Vec<(String, ExitStatus)>,
 }
 
 impl Processes {
@@ -64,6 +66,7 @@ impl Processes {
             global,
             logs: tempfile::tempdir().expect("a folder for the process logs"),
             children: Vec::new(),
+            died: Vec::new(),
         }
     }
 
@@ -163,13 +166,24 @@ impl Processes {
 
     /// Sends `signal` to the process `name` if it is still running: only
     /// our own child, by its pid, never 0 and never a group.
+    /// One found already dead is recorded as having died on its own.
     pub(crate) fn signal(&mut self, name: &str, signal: Signal) {
         let proc = self.find(name);
-        if let Ok(pid) = i32::try_from(proc.child.id())
-            && pid > 0
-            && matches!(proc.child.try_wait(), Ok(None))
-        {
-            let _ = kill(Pid::from_raw(pid), signal);
+        match proc.child.try_wait() {
+            Ok(None) => {
+                if let Ok(pid) = i32::try_from(proc.child.id())
+                    && pid > 0
+                {
+                    let _ = kill(Pid::from_raw(pid), signal);
+                }
+            }
+            Ok(Some(status)) => {
+                let died = (name.to_owned(), status);
+                if !self.died.contains(&died) {
+                    self.died.push(died);
+                }
+            }
+            Err(_) => {}
         }
     }
 
@@ -223,15 +237,15 @@ impl Processes {
         self.find(name).env = env;
     }
 
-    /// The processes that have exited, with how.
+    /// The processes that have exited, with how, and those found dead
+    /// when about to be signalled.
     pub(crate) fn exited(&mut self) -> Vec<(String, ExitStatus)> {
-        self.children
-            .iter_mut()
-            .filter_map(|p| match p.child.try_wait() {
-                Ok(Some(status)) => Some((p.name.clone(), status)),
-                _ => None,
-            })
-            .collect()
+        let mut dead = self.died.clone();
+        dead.extend(self.children.iter_mut().filter_map(|p| match p.child.try_wait() {
+            Ok(Some(status)) => Some((p.name.clone(), status)),
+            _ => None,
+        }));
+        dead
     }
 
     /// Panics (with its log) if a process has exited.

@@ -47,9 +47,18 @@ impl Proxy {
         let accept = {
             let trap = Arc::clone(&trap);
             tokio::spawn(async move {
-                while let Ok((client, _)) = listener.accept().await {
-                    let trap = amqp.then(|| Arc::clone(&trap));
-                    tokio::spawn(serve(client, upstream.clone(), watch.clone(), trap));
+                loop {
+                    match listener.accept().await {
+                        Ok((client, _)) => {
+                            let trap = amqp.then(|| Arc::clone(&trap));
+                            tokio::spawn(serve(client, upstream.clone(), watch.clone(), trap));
+                        }
+                        // Out of descriptors, say: the path must not die of it.
+                        Err(e) => {
+                            eprintln!("proxy to {upstream}: accept failed: {e}");
+                            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        }
+                    }
                 }
             })
         };
@@ -176,12 +185,16 @@ fn spring(trap: &Trap) -> bool {
 /// `url` with its `host:port` replaced by `addr`.
 pub(crate) fn via(url: &str, addr: SocketAddr) -> String {
     let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
-    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+    // A URL without a path keeps none: `amqp://host/` would name the
+    // vhost "" instead of the default.
+    let (authority, path) = rest
+        .split_once('/')
+        .map_or((rest, String::new()), |(a, p)| (a, format!("/{p}")));
     let credentials = authority
         .rsplit_once('@')
         .map(|(c, _)| format!("{c}@"))
         .unwrap_or_default();
-    format!("{scheme}://{credentials}{addr}/{path}")
+    format!("{scheme}://{credentials}{addr}{path}")
 }
 
 /// The `host:port` of `url` (`default_port` when it names none).
