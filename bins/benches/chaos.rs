@@ -405,6 +405,9 @@ impl Bench {
             PgOptions {
                 max_connections: 4,
                 application_name: "flowforge-chaos".to_owned(),
+                // A start refused while PostgreSQL is down must not hold
+                // the harness's loop (and the fault's healing) for long.
+                acquire_timeout: Duration::from_secs(1),
                 ..PgOptions::default()
             },
         )
