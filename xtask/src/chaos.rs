@@ -95,6 +95,23 @@ fn cell(v: &Value) -> String {
     }
 }
 
+/// The figures of a scenario, in table order: (key, heading).
+const FIGURES: [(&str, &str); 13] = [
+    ("faults", "faults"),
+    ("submitted", "runs submitted"),
+    ("finished", "runs finished"),
+    ("lost", "lost"),
+    ("duplicate_effects", "duplicate effects"),
+    ("duplicate_attempts", "duplicate attempts"),
+    ("stuck", "stuck"),
+    ("wrong", "wrong outcome"),
+    ("down", "processes down"),
+    ("stale_writes_rejected", "stale writes rejected"),
+    ("attempts", "attempts"),
+    ("effects", "effects"),
+    ("recovery_s", "recovery (s)"),
+];
+
 /// The table of one run, with the machine and how it ran.
 fn render(results: &[Value], quick: bool, dev: bool) -> String {
     let mut out = format!(
@@ -104,29 +121,17 @@ fn render(results: &[Value], quick: bool, dev: bool) -> String {
         results.first().map_or_else(|| "?".to_owned(), |r| cell(&r["seconds"])),
         crate::bench::machine()
     );
-    out.push_str(
-        "| scenario | faults | runs submitted | runs finished | lost | duplicate effects | duplicate attempts | stuck | wrong outcome | processes down | stale writes rejected | attempts | effects | recovery (s) | passed |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
-    );
+    let headings: Vec<&str> = FIGURES.iter().map(|(_, h)| *h).collect();
+    let _ = writeln!(out, "| scenario | {} | passed |", headings.join(" | "));
+    let _ = writeln!(out, "|{}", " --- |".repeat(FIGURES.len() + 2));
     for r in results {
+        let cells: Vec<String> = FIGURES.iter().map(|(k, _)| cell(&r[*k])).collect();
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} |",
             r["scenario"].as_str().unwrap_or("?"),
-            cell(&r["faults"]),
-            cell(&r["submitted"]),
-            cell(&r["finished"]),
-            cell(&r["lost"]),
-            cell(&r["duplicate_effects"]),
-            cell(&r["duplicate_attempts"]),
-            cell(&r["stuck"]),
-            cell(&r["wrong"]),
-            cell(&r["down"]),
-            cell(&r["stale_writes_rejected"]),
-            cell(&r["attempts"]),
-            cell(&r["effects"]),
-            cell(&r["recovery_s"]),
-            cell(&r["passed"]),
+            cells.join(" | "),
+            cell(&r["passed"])
         );
     }
     out
@@ -137,11 +142,15 @@ fn render_soak(results: &[Value], dev: bool) -> String {
     let mut out = String::new();
     for r in results {
         let footprint = &r["footprint"];
+        // The run's figures but the per-fault ones, which the fault list gives.
+        let figures: Vec<String> = FIGURES[1..9]
+            .iter()
+            .map(|(k, heading)| format!("{heading} {}", cell(&r[*k])))
+            .collect();
         let _ = write!(
             out,
             "Run with the {} build: {} s of random faults, one every 30 s for 15 s ({}), two runs started a second; \
-             {} runs submitted, {} finished, lost {}, duplicate effects {}, duplicate attempts {}, stuck {}, wrong outcome {}, processes down {}; \
-             passed: {}.\n\nMachine:\n\n{}\n\
+             {}; passed: {}.\n\nMachine:\n\n{}\n\
              Memory and sockets of the {} processes that ran throughout, median of the last 15 s of the warm-up \
              against the last 30 s (worst growth: memory {} %, sockets {} %):\n\n\
              | process | RSS after warm-up (KiB) | RSS at the end (KiB) | sockets after warm-up | sockets at the end |\n\
@@ -156,14 +165,7 @@ fn render_soak(results: &[Value], dev: bool) -> String {
                     .collect::<Vec<_>>()
                     .join(", "))
                 .unwrap_or_default(),
-            cell(&r["submitted"]),
-            cell(&r["finished"]),
-            cell(&r["lost"]),
-            cell(&r["duplicate_effects"]),
-            cell(&r["duplicate_attempts"]),
-            cell(&r["stuck"]),
-            cell(&r["wrong"]),
-            cell(&r["down"]),
+            figures.join(", "),
             cell(&r["passed"]),
             crate::bench::machine(),
             cell(&footprint["processes_measured"]),
@@ -215,5 +217,34 @@ mod tests {
         let table = render(&rows, true, true);
         assert!(table.contains("| worker-kill | — | — | — | 1 |"), "{table}");
         assert!(table.ends_with("| **no** |\n"), "{table}");
+        assert!(
+            table.contains(
+                "| scenario | faults | runs submitted | runs finished | lost | duplicate effects | duplicate attempts \
+                 | stuck | wrong outcome | processes down | stale writes rejected | attempts | effects | recovery (s) \
+                 | passed |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+            ),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn the_soak_says_its_figures_and_every_process() {
+        let rows = [serde_json::json!({
+            "scenario": "soak", "seconds": 600, "faults_by_kind": {"worker-stop": 3},
+            "submitted": 10, "finished": 10, "lost": 0, "duplicate_effects": 0, "duplicate_attempts": 0,
+            "stuck": 0, "wrong": 0, "down": 0, "passed": false,
+            "footprint": {"processes_measured": 1, "rss_growth_pct": 12.5, "socket_growth_pct": 0.0,
+                "per_process": {"worker-1": {"rss_kib": [100.0, 112.5], "sockets": [7.0, 7.0]}}}
+        })];
+        let text = render_soak(&rows, false);
+        assert!(text.contains("(worker-stop ×3)"), "{text}");
+        assert!(
+            text.contains(
+                "runs submitted 10, runs finished 10, lost 0, duplicate effects 0, duplicate attempts 0, \
+                 stuck 0, wrong outcome 0, processes down 0; passed: **no**."
+            ),
+            "{text}"
+        );
+        assert!(text.contains("| worker-1 | 100.0 | 112.5 | 7.0 | 7.0 |"), "{text}");
     }
 }
