@@ -68,7 +68,7 @@ mod publisher;
 mod trace;
 
 pub use config::{
-    CONSUMER_TIMEOUT_MARGIN, ConfigError, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_EXCHANGE, DEFAULT_QUEUE,
+    CONSUMER_TIMEOUT_MARGIN, ConfigError, DEFAULT_CONSUMER_TIMEOUT, DEFAULT_EXCHANGE, DEFAULT_FRAME_MAX, DEFAULT_QUEUE,
     DEFAULT_ROUTING_KEY, DispatchWindow, RabbitConfig,
 };
 pub use consumer::{RabbitConsumer, RabbitDelivery, RabbitQueue};

@@ -107,6 +107,27 @@ async fn ack_removes_the_message() {
     fx.cleanup().await;
 }
 
+/// Frames are 16 KiB unless the URL says otherwise (the adapter's
+/// `DEFAULT_FRAME_MAX`): a dispatch several frames long is split on the way
+/// in and joined on the way out, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatch_longer_than_several_frames_arrives_whole() {
+    let url = broker_or_skip!();
+    let fx = Fixture::new(&url, "bigframes").await;
+    let queue = RabbitQueue::new(fx.config()).unwrap();
+    queue.declare().await.unwrap();
+    let mut big = dispatch(1);
+    big.task_key = "k".repeat(3 * flowforge_adapters_rabbit::DEFAULT_FRAME_MAX as usize + 17);
+    let publisher = RabbitPublisher::new(fx.config()).unwrap();
+    assert_eq!(publisher.publish(std::slice::from_ref(&big)).await, vec![Ok(())]);
+    let mut consumer = queue.consumer().await.unwrap();
+    let delivery = next(&mut consumer).await;
+    assert_eq!(delivery.dispatch(), &big);
+    delivery.ack().await.unwrap();
+    consumer.close().await.unwrap();
+    fx.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nack_requeue_redelivers_with_redelivered_set() {
     let url = broker_or_skip!();
