@@ -30,8 +30,10 @@
 //!   back to 90 % of the rate before it.
 //!
 //! A scenario passes when lost, duplicate effects and attempts, stuck,
-//! wrong and down are all 0 and its fault was injected at least once; the soak also needs every process that ran throughout to end
-//! within 10 % of the memory and sockets it held after the warm-up.
+//! wrong and down are all 0 and its fault was injected at least once. The
+//! soak also needs every process that ran throughout to end within 10 % of
+//! the memory it held at the end of the warm-up (30 s calm, then every
+//! fault once) and of the most sockets it held during it.
 //!
 //! Usage: `cargo bench -p flowforge-bins --bench chaos -- [--quick]
 //! [--seconds N] [scenario…]` (`soak` only when named). Prints one JSON
@@ -98,6 +100,8 @@ const SOAK_FAULTS: [&str; 9] = [
     "queue-delete",
     "duplicate-delivery",
 ];
+/// The calm start of the soak's warm-up, before its round of every fault.
+const SOAK_CALM: f64 = 30.0;
 /// How long a dispatch stays unclaimed before the publishers publish it
 /// again (`--redispatch-after-seconds`): short, so a deleted queue's
 /// losses are found within the scenario.
@@ -1134,62 +1138,139 @@ fn check(bench: &mut Bench, runs: &[Started]) -> Value {
     })
 }
 
-/// The resident memory (KiB) and open sockets of process `pid`.
-fn footprint(pid: u32) -> Option<(u64, u64)> {
+/// What a process holds at one moment: resident memory and its open
+/// sockets by peer.
+#[derive(Debug, Clone, Copy)]
+struct Footprint {
+    rss_kib: u64,
+    /// Sockets connected to the process's PostgreSQL proxy.
+    postgres: u64,
+    /// Sockets connected to its RabbitMQ proxy.
+    rabbitmq: u64,
+    /// Any other socket (listeners, the log, a half-closed peer).
+    other: u64,
+}
+
+impl Footprint {
+    fn sockets(self) -> u64 {
+        self.postgres + self.rabbitmq + self.other
+    }
+}
+
+/// Socket inode → remote port, for every TCP socket on this host.
+fn remote_ports() -> HashMap<u64, u16> {
+    let mut ports = HashMap::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        // `sl local rem st tx:rx tr:when retrnsmt uid timeout inode …`
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let port = fields
+                .get(2)
+                .and_then(|rem| rem.rsplit_once(':'))
+                .and_then(|(_, port)| u16::from_str_radix(port, 16).ok());
+            let inode = fields.get(9).and_then(|i| i.parse().ok());
+            if let (Some(port), Some(inode)) = (port, inode) {
+                ports.insert(inode, port);
+            }
+        }
+    }
+    ports
+}
+
+/// The footprint of process `pid`, whose proxies listen on `postgres` and
+/// `rabbitmq`.
+fn footprint(pid: u32, ports: &HashMap<u64, u16>, postgres: u16, rabbitmq: u16) -> Option<Footprint> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss = status
+    let rss_kib = status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))?
         .split_whitespace()
         .next()?
         .parse()
         .ok()?;
-    let sockets = std::fs::read_dir(format!("/proc/{pid}/fd"))
+    let mut held = Footprint {
+        rss_kib,
+        postgres: 0,
+        rabbitmq: 0,
+        other: 0,
+    };
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))
         .ok()?
         .filter_map(Result::ok)
-        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("socket:")))
-        .count() as u64;
-    Some((rss, sockets))
+    {
+        let Ok(target) = std::fs::read_link(entry.path()) else {
+            continue;
+        };
+        let target = target.to_string_lossy();
+        let Some(inode) = target.strip_prefix("socket:[").and_then(|t| t.strip_suffix(']')) else {
+            continue;
+        };
+        match inode.parse().ok().and_then(|i: u64| ports.get(&i)) {
+            Some(&port) if port == postgres => held.postgres += 1,
+            Some(&port) if port == rabbitmq => held.rabbitmq += 1,
+            _ => held.other += 1,
+        }
+    }
+    Some(held)
 }
+
+/// One sample: seconds since the start, the pid, what it held.
+type Sample = (f64, u32, Footprint);
 
 /// Footprints of every process, taken while a soak runs.
 #[derive(Default)]
 struct Footprints {
-    /// Per process name: (seconds since start, pid, RSS KiB, sockets).
-    samples: BTreeMap<String, Vec<(f64, u32, u64, u64)>>,
+    samples: BTreeMap<String, Vec<Sample>>,
 }
 
 impl Footprints {
-    fn sample(&mut self, procs: &mut Processes, at: f64) {
-        for name in procs.names("") {
-            let pid = procs.pid(&name);
-            if let Some((rss, sockets)) = footprint(pid) {
-                self.samples.entry(name).or_default().push((at, pid, rss, sockets));
+    fn sample(&mut self, bench: &mut Bench, at: f64) {
+        let ports = remote_ports();
+        for name in bench.procs.names("") {
+            let pid = bench.procs.pid(&name);
+            let path = bench.path(&name);
+            let (postgres, rabbitmq) = (path.postgres.addr.port(), path.rabbitmq.addr.port());
+            if let Some(held) = footprint(pid, &ports, postgres, rabbitmq) {
+                self.samples.entry(name).or_default().push((at, pid, held));
             }
         }
     }
 
-    /// Each process's growth from the `base` window to the `last` window
-    /// (the median of each), for the processes that ran through both.
-    fn growth(&self, base: (f64, f64), last: (f64, f64)) -> Value {
+    /// Each process's growth, for the processes that ran through it all:
+    /// memory from the `base` window to the `last` window (the median of
+    /// each); sockets from the most it held during the `warm_up` to the
+    /// median of `last` — a connection pool grows and shrinks with demand
+    /// within the range the warm-up's faults took it through, and only a
+    /// leak leaves that range. With it, the footprint every `step` seconds
+    /// from the end of `base`.
+    fn growth(&self, warm_up: (f64, f64), base: (f64, f64), last: (f64, f64), step: f64) -> Value {
         let mut rows = BTreeMap::new();
         let (mut worst_rss, mut worst_sockets) = (0.0_f64, 0.0_f64);
         for (name, samples) in &self.samples {
-            let window = |(from, to): (f64, f64)| -> Vec<&(f64, u32, u64, u64)> {
+            let window = |(from, to): (f64, f64)| -> Vec<&Sample> {
                 samples.iter().filter(|s| s.0 >= from && s.0 < to).collect()
             };
-            let (first, end) = (window(base), window(last));
-            let (Some(a), Some(b)) = (first.first(), end.last()) else {
+            let (warm, first, end) = (window(warm_up), window(base), window(last));
+            let (Some(a), Some(b)) = (warm.first(), end.last()) else {
                 continue;
             };
-            if a.1 != b.1 || first.iter().chain(&end).any(|s| s.1 != a.1) {
+            if first.is_empty()
+                || samples
+                    .iter()
+                    .filter(|s| s.0 >= warm_up.0 && s.0 < last.1)
+                    .any(|s| s.1 != a.1)
+                || a.1 != b.1
+            {
                 continue;
             }
-            let med = |w: &[&(f64, u32, u64, u64)], f: fn(&(f64, u32, u64, u64)) -> u64| {
-                median(&w.iter().map(|s| f(s) as f64).collect::<Vec<_>>())
-            };
-            let rss = (med(&first, |s| s.2), med(&end, |s| s.2));
-            let sockets = (med(&first, |s| s.3), med(&end, |s| s.3));
+            let med =
+                |w: &[&Sample], f: fn(Footprint) -> u64| median(&w.iter().map(|s| f(s.2) as f64).collect::<Vec<_>>());
+            let rss = (med(&first, |f| f.rss_kib), med(&end, |f| f.rss_kib));
+            let most = warm.iter().map(|s| s.2.sockets()).max().unwrap_or(0) as f64;
+            let sockets = (most, med(&end, Footprint::sockets));
             let pct = |(a, b): (f64, f64)| match a {
                 a if a > 0.0 => 100.0 * (b - a) / a,
                 _ if b > 0.0 => 100.0,
@@ -1197,9 +1278,33 @@ impl Footprints {
             };
             worst_rss = worst_rss.max(pct(rss));
             worst_sockets = worst_sockets.max(pct(sockets));
+            let by_peer = |w: &[&Sample]| {
+                json!({
+                    "postgres": med(w, |f| f.postgres),
+                    "rabbitmq": med(w, |f| f.rabbitmq),
+                    "other": med(w, |f| f.other),
+                })
+            };
+            // The footprint over time: the sample nearest each step.
+            let mut over_time = Vec::new();
+            let mut at = base.1;
+            while at <= last.1 {
+                if let Some(s) = samples
+                    .iter()
+                    .min_by(|x, y| (x.0 - at).abs().total_cmp(&(y.0 - at).abs()))
+                {
+                    over_time.push(json!([round(at - base.1, 0), s.2.rss_kib, s.2.sockets()]));
+                }
+                at += step;
+            }
             rows.insert(
                 name.clone(),
-                json!({"rss_kib": [rss.0, rss.1], "sockets": [sockets.0, sockets.1]}),
+                json!({
+                    "rss_kib": [rss.0, rss.1],
+                    "sockets": [sockets.0, sockets.1],
+                    "sockets_by_peer": by_peer(&end),
+                    "over_time": over_time,
+                }),
             );
         }
         json!({
@@ -1217,9 +1322,18 @@ fn fault_windows(name: &'static str, phases: Phases) -> Vec<(f64, f64, &'static 
     if name != "soak" {
         return vec![(warm, warm + fault, name)];
     }
-    // One random fault every 30 s: 15 s of it, then 15 s of calm.
+    // The warm-up: calm, then every fault once in a random order, so each
+    // process has grown its pools and buffers to what each fault asks of
+    // them before its footprint is taken; then the soak proper.
+    let mut deck = SOAK_FAULTS.to_vec();
+    fastrand::shuffle(&mut deck);
     let mut windows = Vec::new();
-    let mut at = warm;
+    let mut at = SOAK_CALM;
+    for fault in deck {
+        windows.push((at, at + 15.0, fault));
+        at += 30.0;
+    }
+    // One random fault every 30 s: 15 s of it, then 15 s of calm.
     while at + 15.0 <= warm + fault {
         windows.push((at, at + 15.0, SOAK_FAULTS[fastrand::usize(..SOAK_FAULTS.len())]));
         at += 30.0;
@@ -1307,7 +1421,7 @@ async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url:
         }
         bench.cancel_due(&mut runs).await;
         if name == "soak" && now >= next_sample {
-            footprints.sample(&mut bench.procs, now);
+            footprints.sample(&mut bench, now);
             next_sample = now + 5.0;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1363,8 +1477,13 @@ async fn scenario(name: &'static str, phases: Phases, server: &Server, amqp_url:
         && result["faults"].as_u64().is_some_and(|n| n > 0);
     if name == "soak" {
         let warm = phases.warm.as_secs_f64();
-        // The end of the warm-up, before the first fault.
-        let growth = footprints.growth((warm - 15.0, warm), (submitted_for - 30.0, submitted_for));
+        // The end of the warm-up: the calm after its round of every fault.
+        let growth = footprints.growth(
+            (0.0, warm),
+            (warm - 15.0, warm),
+            (submitted_for - 30.0, submitted_for),
+            120.0,
+        );
         passed &= growth["rss_growth_pct"].as_f64().is_some_and(|g| g <= 10.0)
             && growth["socket_growth_pct"].as_f64().is_some_and(|g| g <= 10.0)
             && growth["processes_measured"].as_u64().is_some_and(|n| n > 0);
@@ -1421,7 +1540,7 @@ async fn main() {
         }
         let phases = match (name, quick) {
             ("soak", _) => Phases {
-                warm: Duration::from_secs(30),
+                warm: Duration::from_secs_f64(SOAK_CALM + 30.0 * SOAK_FAULTS.len() as f64),
                 fault: Duration::from_secs(seconds.unwrap_or(if quick { 90 } else { 600 })),
                 after: Duration::from_secs(60),
             },

@@ -137,7 +137,8 @@ fn render(results: &[Value], quick: bool, dev: bool) -> String {
     out
 }
 
-/// The soak's figures: the faults it drew and every process's footprint.
+/// The soak's figures: the faults it drew and every process's footprint,
+/// at both ends of the measured time and over it.
 fn render_soak(results: &[Value], dev: bool) -> String {
     let mut out = String::new();
     for r in results {
@@ -149,11 +150,14 @@ fn render_soak(results: &[Value], dev: bool) -> String {
             .collect();
         let _ = write!(
             out,
-            "Run with the {} build: {} s of random faults, one every 30 s for 15 s ({}), two runs started a second; \
+            "Run with the {} build: a warm-up of 30 s calm and then every fault once, then {} s of random faults, \
+             one every 30 s for 15 s ({} in all), two runs started a second; \
              {}; passed: {}.\n\nMachine:\n\n{}\n\
-             Memory and sockets of the {} processes that ran throughout, median of the last 15 s of the warm-up \
-             against the last 30 s (worst growth: memory {} %, sockets {} %):\n\n\
-             | process | RSS after warm-up (KiB) | RSS at the end (KiB) | sockets after warm-up | sockets at the end |\n\
+             Memory and sockets of the {} processes that ran throughout: memory, the median of the calm 15 s that \
+             end the warm-up against that of the last 30 s; sockets, the most held during the warm-up against the \
+             median of the last 30 s, which the table splits by peer as PostgreSQL + RabbitMQ + other (worst growth: \
+             memory {} %, sockets {} %):\n\n\
+             | process | RSS after warm-up (KiB) | RSS at the end (KiB) | most sockets in the warm-up | sockets at the end |\n\
              | --- | --- | --- | --- | --- |\n",
             if dev { "dev" } else { "release" },
             cell(&r["seconds"]),
@@ -172,15 +176,51 @@ fn render_soak(results: &[Value], dev: bool) -> String {
             cell(&footprint["rss_growth_pct"]),
             cell(&footprint["socket_growth_pct"]),
         );
-        for (name, p) in footprint["per_process"].as_object().into_iter().flatten() {
+        let processes = footprint["per_process"].as_object();
+        for (name, p) in processes.into_iter().flatten() {
+            let by = &p["sockets_by_peer"];
+            let peers = match by.is_object() {
+                true => format!(
+                    " ({} + {} + {})",
+                    cell(&by["postgres"]),
+                    cell(&by["rabbitmq"]),
+                    cell(&by["other"])
+                ),
+                false => String::new(),
+            };
             let _ = writeln!(
                 out,
-                "| {name} | {} | {} | {} | {} |",
+                "| {name} | {} | {} | {} | {}{peers} |",
                 cell(&p["rss_kib"][0]),
                 cell(&p["rss_kib"][1]),
                 cell(&p["sockets"][0]),
                 cell(&p["sockets"][1]),
             );
+        }
+        // Over time: a leak keeps growing, a level reached once stays.
+        let steps: Vec<String> = processes
+            .and_then(|m| m.values().next())
+            .and_then(|p| p["over_time"].as_array())
+            .map(|a| a.iter().map(|s| cell(&s[0])).collect())
+            .unwrap_or_default();
+        if steps.is_empty() {
+            continue;
+        }
+        let _ = write!(
+            out,
+            "\nRSS (KiB) and sockets over the measured time, seconds from the end of the warm-up:\n\n\
+             | process | {} |\n|{}\n",
+            steps.join(" | "),
+            " --- |".repeat(steps.len() + 1)
+        );
+        for (name, p) in processes.into_iter().flatten() {
+            let cells: Vec<String> = p["over_time"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| format!("{} / {}", cell(&s[1]), cell(&s[2])))
+                .collect();
+            let _ = writeln!(out, "| {name} | {} |", cells.join(" | "));
         }
     }
     out
@@ -234,10 +274,12 @@ mod tests {
             "submitted": 10, "finished": 10, "lost": 0, "duplicate_effects": 0, "duplicate_attempts": 0,
             "stuck": 0, "wrong": 0, "down": 0, "passed": false,
             "footprint": {"processes_measured": 1, "rss_growth_pct": 12.5, "socket_growth_pct": 0.0,
-                "per_process": {"worker-1": {"rss_kib": [100.0, 112.5], "sockets": [7.0, 7.0]}}}
+                "per_process": {"worker-1": {"rss_kib": [100.0, 112.5], "sockets": [7.0, 7.0],
+                    "sockets_by_peer": {"postgres": 3.0, "rabbitmq": 1.0, "other": 3.0},
+                    "over_time": [[0, 100, 7], [120, 112, 7]]}}}
         })];
         let text = render_soak(&rows, false);
-        assert!(text.contains("(worker-stop ×3)"), "{text}");
+        assert!(text.contains("(worker-stop ×3 in all)"), "{text}");
         assert!(
             text.contains(
                 "runs submitted 10, runs finished 10, lost 0, duplicate effects 0, duplicate attempts 0, \
@@ -245,6 +287,13 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.contains("| worker-1 | 100.0 | 112.5 | 7.0 | 7.0 |"), "{text}");
+        assert!(
+            text.contains("| worker-1 | 100.0 | 112.5 | 7.0 | 7.0 (3.0 + 1.0 + 3.0) |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| process | 0 | 120 |\n| --- | --- | --- |\n| worker-1 | 100 / 7 | 112 / 7 |"),
+            "{text}"
+        );
     }
 }
