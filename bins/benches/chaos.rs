@@ -1254,16 +1254,16 @@ impl Footprints {
                 samples.iter().filter(|s| s.0 >= from && s.0 < to).collect()
             };
             let (warm, first, end) = (window(warm_up), window(base), window(last));
-            let (Some(a), Some(b)) = (warm.first(), end.last()) else {
+            let Some(start) = warm.first() else {
                 continue;
             };
-            if first.is_empty()
-                || samples
-                    .iter()
-                    .filter(|s| s.0 >= warm_up.0 && s.0 < last.1)
-                    .any(|s| s.1 != a.1)
-                || a.1 != b.1
-            {
+            // One pid from the warm-up to the end: a restarted process's
+            // footprint starts afresh.
+            let restarted = samples
+                .iter()
+                .filter(|s| s.0 >= warm_up.0 && s.0 < last.1)
+                .any(|s| s.1 != start.1);
+            if first.is_empty() || end.is_empty() || restarted {
                 continue;
             }
             let med =
