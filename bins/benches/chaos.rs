@@ -1293,7 +1293,7 @@ impl Footprints {
                     .iter()
                     .min_by(|x, y| (x.0 - at).abs().total_cmp(&(y.0 - at).abs()))
                 {
-                    over_time.push(json!([round(at - base.1, 0), s.2.rss_kib, s.2.sockets()]));
+                    over_time.push(json!([(at - base.1).round() as u64, s.2.rss_kib, s.2.sockets()]));
                 }
                 at += step;
             }

@@ -179,14 +179,15 @@ fn render_soak(results: &[Value], dev: bool) -> String {
         let processes = footprint["per_process"].as_object();
         for (name, p) in processes.into_iter().flatten() {
             let by = &p["sockets_by_peer"];
-            let peers = match by.is_object() {
-                true => format!(
+            let peers = if by.is_object() {
+                format!(
                     " ({} + {} + {})",
                     cell(&by["postgres"]),
                     cell(&by["rabbitmq"]),
                     cell(&by["other"])
-                ),
-                false => String::new(),
+                )
+            } else {
+                String::new()
             };
             let _ = writeln!(
                 out,
