@@ -16,6 +16,9 @@ fn main() -> ExitCode {
     // Usage errors exit 2 (clap's default, and "invalid input or usage" in
     // docs/design/cli.md#exit-codes); --help and --version exit 0.
     let args = cli::Cli::parse();
+    if let Err(usage) = args.check() {
+        usage.exit();
+    }
     // The OTLP exporter's HTTP client shares reqwest with the `http` task
     // type, whose TLS setup leaves the default crypto provider unchosen.
     flowforge_adapters_http::task::install_default_tls_provider();

@@ -13,5 +13,6 @@ mod definitions;
 mod explain;
 mod migration;
 mod notify;
+mod pool;
 mod races;
 mod transitions;

@@ -93,6 +93,17 @@ pub(crate) struct Global {
     #[arg(long, global = true, env = "FLOWFORGE_PG_IDLE_IN_TRANSACTION_SECONDS", default_value_t = 20,
           value_name = "N", value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub(crate) pg_idle_in_transaction_seconds: u64,
+    /// PostgreSQL: the most connections this process's pool opens (the
+    /// notifier of a long-running process holds one more of its own).
+    #[arg(long, global = true, env = "FLOWFORGE_PG_POOL_SIZE", default_value_t = 10,
+          value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(crate) pg_pool_size: u32,
+    /// PostgreSQL: connections the pool keeps open even when idle, up to
+    /// `--pg-pool-size`; equal to it, the pool has a fixed size
+    /// (docs/design/cli.md#connection-pool).
+    #[arg(long, global = true, env = "FLOWFORGE_PG_POOL_MIN", default_value_t = 0,
+          value_name = "N", value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub(crate) pg_pool_min: u32,
     /// The largest run input accepted, in bytes of compact JSON.
     #[arg(long, global = true, env = "FLOWFORGE_MAX_RUN_INPUT_BYTES", value_name = "BYTES",
           default_value_t = flowforge::limits::DEFAULT_RUN_INPUT_BYTES)]
@@ -131,6 +142,25 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+impl Cli {
+    /// The checks across options that clap cannot state one option at a
+    /// time; a failure is a usage error (exit 2).
+    pub(crate) fn check(&self) -> Result<(), clap::Error> {
+        use clap::CommandFactory as _;
+        let global = &self.global;
+        if global.pg_pool_min > global.pg_pool_size {
+            return Err(Self::command().error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!(
+                    "--pg-pool-min {} is more than --pg-pool-size {}: a pool cannot keep open more connections than it may hold",
+                    global.pg_pool_min, global.pg_pool_size
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Global {
     /// The priority aging step as a duration.
     pub(crate) fn priority_aging(&self) -> std::time::Duration {
@@ -157,6 +187,8 @@ impl Global {
         flowforge_adapters_postgres::PgOptions {
             statement_timeout: std::time::Duration::from_secs(self.pg_statement_timeout_seconds),
             idle_in_transaction_timeout: Some(std::time::Duration::from_secs(self.pg_idle_in_transaction_seconds)),
+            max_connections: self.pg_pool_size,
+            min_connections: self.pg_pool_min,
             ..flowforge_adapters_postgres::PgOptions::default()
         }
     }
@@ -309,6 +341,27 @@ mod tests {
     #[test]
     fn the_command_line_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_pool_options_size_the_postgres_pool_and_a_minimum_above_the_size_is_refused() {
+        let cli = Cli::try_parse_from(["flowforge", "--pg-pool-size", "4", "--pg-pool-min", "4", "scheduler"]).unwrap();
+        cli.check().unwrap();
+        let options = cli.global.pg_options();
+        assert_eq!((options.max_connections, options.min_connections), (4, 4));
+
+        let default = Cli::try_parse_from(["flowforge", "scheduler"]).unwrap();
+        let options = default.global.pg_options();
+        assert_eq!((options.max_connections, options.min_connections), (10, 0));
+
+        let over = Cli::try_parse_from(["flowforge", "--pg-pool-min", "5", "--pg-pool-size", "4", "worker"]).unwrap();
+        let error = over.check().unwrap_err();
+        assert_eq!(error.kind(), clap::error::ErrorKind::ArgumentConflict);
+        assert_eq!(error.exit_code(), 2);
+        assert!(error.to_string().contains("--pg-pool-min 5 is more than --pg-pool-size 4"), "{error}");
+
+        let zero = Cli::try_parse_from(["flowforge", "--pg-pool-size", "0", "worker"]).unwrap_err();
+        assert_eq!(zero.kind(), clap::error::ErrorKind::ValueValidation);
     }
 
     #[test]

@@ -491,6 +491,19 @@ fn an_invalid_input_or_flag_exits_2() {
     assert_eq!(out.code, 2, "{out:?}");
     let out = w.run(["run".as_ref(), def.as_os_str(), "--db".as_ref(), "mysql://x".as_ref()]);
     assert_eq!(out.code, 2, "{out:?}");
+    let out = w.run([
+        "run".as_ref(),
+        def.as_os_str(),
+        "--pg-pool-size".as_ref(),
+        "2".as_ref(),
+        "--pg-pool-min".as_ref(),
+        "3".as_ref(),
+    ]);
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(
+        out.stderr.contains("--pg-pool-min 3 is more than --pg-pool-size 2"),
+        "{out:?}"
+    );
 }
 
 #[test]
