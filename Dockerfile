@@ -49,6 +49,9 @@ RUN groupadd --system --gid 10001 flowforge \
     && useradd --system --uid 10001 --gid flowforge --create-home --home-dir /home/flowforge flowforge
 COPY --from=builder /usr/local/bin/flowforge /usr/local/bin/flowforge
 COPY examples /examples
+# glibc's allocator, kept from holding on to what reconnects freed
+# (docs/design/cli.md#memory).
+ENV GLIBC_TUNABLES=glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=131072
 USER 10001:10001
 WORKDIR /home/flowforge
 ENTRYPOINT ["flowforge"]
