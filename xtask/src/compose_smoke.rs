@@ -2,11 +2,13 @@
 //! images (cached: seconds when nothing changed), brings `compose.yaml` up
 //! under a project name of its own with two workers, then:
 //!
-//! 1. submits `examples/diamond.json` through the containerised CLI
+//! 1. checks the image tunes glibc's allocator and each long-running
+//!    process holds a fixed PostgreSQL pool of the size compose gives it;
+//! 2. submits `examples/diamond.json` through the containerised CLI
 //!    (`submit --wait --output json`) and checks the run succeeded with the
 //!    report the embedded engine gives (`flowforge run … --output json` in
 //!    the image), compared without ids, times, tokens, workers and event numbers;
-//! 2. submits a workflow whose first task sleeps, kills the worker
+//! 3. submits a workflow whose first task sleeps, kills the worker
 //!    container running it, and checks the run still succeeds, the task
 //!    having been taken back when its lease expired and finished once.
 //!
@@ -28,6 +30,8 @@ use crate::project_root;
 const WORKERS: usize = 2;
 /// A short lease, so the killed worker's task is taken back in seconds.
 const LEASE_SECONDS: &str = "5";
+/// The pool size `.env.example` gives each long-running process.
+const POOL: &str = "4";
 /// How long the stack gets for anything that should take seconds.
 const PATIENCE: Duration = Duration::from_secs(120);
 
@@ -57,6 +61,13 @@ fn smoke(stack: &Stack) -> Result<()> {
     stack.wait_for_workers()?;
     println!(
         "<== stack up with {WORKERS} workers in {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+
+    let t0 = Instant::now();
+    the_processes_run_as_deployed(stack)?;
+    println!(
+        "<== every long-running process holds its fixed pool, on the tuned allocator, in {:.1}s",
         t0.elapsed().as_secs_f64()
     );
 
@@ -102,6 +113,47 @@ fn smoke(stack: &Stack) -> Result<()> {
         t0.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The image tunes glibc's allocator, and each long-running process
+/// (two schedulers, the publisher, the server, the workers) holds the
+/// fixed PostgreSQL pool compose gives it: `FLOWFORGE_PG_POOL` sessions
+/// from its container's address (docs/design/cli.md#connection-pool).
+fn the_processes_run_as_deployed(stack: &Stack) -> Result<()> {
+    let env = docker::output(Command::new("docker").args([
+        "image",
+        "inspect",
+        "--format",
+        "{{range .Config.Env}}{{println .}}{{end}}",
+        FLOWFORGE_IMAGE,
+    ]))?;
+    ensure!(
+        env.lines().any(|l| l.starts_with("GLIBC_TUNABLES=glibc.malloc.arena_max=")),
+        "the image does not tune glibc's allocator; its environment:\n{env}"
+    );
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let pools = docker::output(&mut stack.compose(&[
+            "exec",
+            "-T",
+            "postgres",
+            "psql",
+            "-U",
+            "postgres",
+            "-tAc",
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'flowforge' GROUP BY client_addr",
+        ]))?;
+        let sizes: Vec<&str> = pools.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        if sizes.len() == 4 + WORKERS && sizes.iter().all(|n| *n == POOL) {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "expected {} processes holding {POOL} connections each, found pools of {sizes:?}",
+            4 + WORKERS
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }
 
 /// The `server` service answers `GET /api/v1/runs/{id}` for the run
