@@ -113,6 +113,13 @@ const WORKERS: usize = 5;
 /// Short, so a killed worker's task is reaped soon; a stopped worker is
 /// held well past it.
 const LEASE_SECS: u64 = 3;
+/// Every process's PostgreSQL pool, of a fixed size as in production
+/// (docs/design/cli.md#connection-pool): nine processes of four
+/// connections each, and their notifiers, stay well within the server's
+/// 100.
+const PG_POOL: u32 = 4;
+/// glibc's allocator as the image runs it (docs/design/cli.md#memory).
+const GLIBC_TUNABLES: &str = "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=131072";
 /// Runs started per second, all phases long.
 const RATE: f64 = 2.0;
 /// How long the runs may take to settle once the fault has healed and
@@ -401,7 +408,12 @@ impl Bench {
             queue,
             "--lease-seconds".into(),
             LEASE_SECS.to_string(),
-        ]);
+            "--pg-pool-size".into(),
+            PG_POOL.to_string(),
+            "--pg-pool-min".into(),
+            PG_POOL.to_string(),
+        ])
+        .with_env(vec![("GLIBC_TUNABLES".to_owned(), GLIBC_TUNABLES.to_owned())]);
         procs.run("migrate", &["migrate", "--db", &db.url(), "--amqp", amqp_url]);
         let store = PgStore::connect(
             &db.url(),

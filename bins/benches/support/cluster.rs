@@ -53,6 +53,8 @@ pub(crate) struct Processes {
     /// Worker slots started (consumers with prefetch 1).
     pub(crate) slots: usize,
     global: Vec<String>,
+    /// The environment every process gets, under its own.
+    env: Vec<(String, String)>,
     logs: tempfile::TempDir,
     children: Vec<Proc>,
     /// Processes found dead when about to be signalled.
@@ -64,10 +66,17 @@ impl Processes {
         Self {
             slots: 0,
             global,
+            env: Vec::new(),
             logs: tempfile::tempdir().expect("a folder for the process logs"),
             children: Vec::new(),
             died: Vec::new(),
         }
+    }
+
+    /// Gives every process these environment variables.
+    pub(crate) fn with_env(mut self, env: Vec<(String, String)>) -> Self {
+        self.env = env;
+        self
     }
 
     fn log_path(&self, name: &str) -> PathBuf {
@@ -88,7 +97,7 @@ impl Processes {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log file"))
             .stderr(log)
-            .envs(env.iter().map(|(k, v)| (k, v)));
+            .envs(self.env.iter().chain(env).map(|(k, v)| (k, v)));
         cmd
     }
 
@@ -108,6 +117,7 @@ impl Processes {
         Command::new(BIN)
             .args(&self.global)
             .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .output()
             .expect("running flowforge")
