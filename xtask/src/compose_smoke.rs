@@ -128,7 +128,8 @@ fn the_processes_run_as_deployed(stack: &Stack) -> Result<()> {
         FLOWFORGE_IMAGE,
     ]))?;
     ensure!(
-        env.lines().any(|l| l.starts_with("GLIBC_TUNABLES=glibc.malloc.arena_max=")),
+        env.lines()
+            .any(|l| l.starts_with("GLIBC_TUNABLES=glibc.malloc.arena_max=")),
         "the image does not tune glibc's allocator; its environment:\n{env}"
     );
     let deadline = Instant::now() + PATIENCE;

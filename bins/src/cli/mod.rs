@@ -358,7 +358,12 @@ mod tests {
         let error = over.check().unwrap_err();
         assert_eq!(error.kind(), clap::error::ErrorKind::ArgumentConflict);
         assert_eq!(error.exit_code(), 2);
-        assert!(error.to_string().contains("--pg-pool-min 5 is more than --pg-pool-size 4"), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("--pg-pool-min 5 is more than --pg-pool-size 4"),
+            "{error}"
+        );
 
         let zero = Cli::try_parse_from(["flowforge", "--pg-pool-size", "0", "worker"]).unwrap_err();
         assert_eq!(zero.kind(), clap::error::ErrorKind::ValueValidation);
