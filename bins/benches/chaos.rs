@@ -118,8 +118,6 @@ const LEASE_SECS: u64 = 3;
 /// connections each, and their notifiers, stay well within the server's
 /// 100.
 const PG_POOL: u32 = 4;
-/// glibc's allocator as the image runs it (docs/design/cli.md#memory).
-const GLIBC_TUNABLES: &str = "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=131072";
 /// Runs started per second, all phases long.
 const RATE: f64 = 2.0;
 /// How long the runs may take to settle once the fault has healed and
@@ -132,6 +130,16 @@ const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 const CONSUMER_TIMEOUT_MS: u64 = 3000;
 /// Extra copies `duplicate-delivery` puts in the queue of every dispatch.
 const STORM_COPIES: usize = 2;
+
+/// glibc's allocator as the image tunes it (docs/design/cli.md#memory),
+/// read from the Dockerfile so the two cannot drift apart.
+fn image_glibc_tunables() -> String {
+    include_str!("../../Dockerfile")
+        .lines()
+        .find_map(|line| line.strip_prefix("ENV GLIBC_TUNABLES="))
+        .expect("the Dockerfile sets GLIBC_TUNABLES")
+        .to_owned()
+}
 
 /// What one task does: record the attempt, work a little, fail where its
 /// shape says, then make its effect once per idempotency key.
@@ -413,7 +421,7 @@ impl Bench {
             "--pg-pool-min".into(),
             PG_POOL.to_string(),
         ])
-        .with_env(vec![("GLIBC_TUNABLES".to_owned(), GLIBC_TUNABLES.to_owned())]);
+        .with_env(vec![("GLIBC_TUNABLES".to_owned(), image_glibc_tunables())]);
         procs.run("migrate", &["migrate", "--db", &db.url(), "--amqp", amqp_url]);
         let store = PgStore::connect(
             &db.url(),
