@@ -4,8 +4,8 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use flowforge_app::RunReport;
 use flowforge_app::report::EventReport;
 use flowforge_domain::Priority;
-use flowforge_ports::WorkerInfo;
 use flowforge_ports::store::{DefinitionSummary, EventView, Published, RunSummary};
+use flowforge_ports::{RunId, WorkerInfo};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -184,17 +184,22 @@ pub struct Links {
 }
 
 impl Started {
-    pub(crate) fn of(run: &RunSummary) -> Self {
+    /// A run of `workflow` at `version`, created at `created_at`.
+    pub(crate) fn new(id: RunId, workflow: &str, version: u32, created_at: DateTime<Utc>) -> Self {
         Self {
-            id: run.id.to_string(),
-            workflow: run.workflow.clone(),
-            version: run.version,
-            created_at: time(run.created_at),
+            id: id.to_string(),
+            workflow: workflow.to_owned(),
+            version,
+            created_at: time(created_at),
             links: Links {
-                run: format!("/api/v1/runs/{}", run.id),
-                events: format!("/api/v1/runs/{}/events", run.id),
+                run: format!("/api/v1/runs/{id}"),
+                events: format!("/api/v1/runs/{id}/events"),
             },
         }
+    }
+
+    pub(crate) fn of(run: &RunSummary) -> Self {
+        Self::new(run.id, &run.workflow, run.version, run.created_at)
     }
 }
 

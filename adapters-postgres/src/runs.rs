@@ -11,7 +11,7 @@ use flowforge_domain::limits::{self, MAX_STALE_AUDITS_PER_TASK_RUN, Refusal, Val
 use flowforge_domain::retry::Reset;
 use flowforge_domain::{RunState, TaskRunState, TaskTransition, run_machine};
 use flowforge_ports::store::{
-    Gauges, IdempotencyKey, KeyedStart, RunQuery, StartOptions, Wait, resolve_generic_transition,
+    Gauges, IdempotencyKey, KeyedStart, NewRun, RunQuery, StartOptions, Wait, resolve_generic_transition,
 };
 use flowforge_ports::{
     CancelOutcome, Claim, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore, RunSummary, Scope,
@@ -101,9 +101,10 @@ impl PgStore {
 
     /// start_run's statement, shared by start_run_keyed (which runs it in
     /// the transaction that recorded its key): the run `id`, its task runs
-    /// and their dispatches. Returns the wake-ups it owes, to announce after
-    /// the commit; `Other` when the definition does not exist. The caller
-    /// has refused an input holding NUL, before any I/O.
+    /// and their dispatches. Returns the run's creation time and the
+    /// wake-ups it owes, to announce after the commit; `Other` when the
+    /// definition does not exist. The caller has refused an input holding
+    /// NUL, before any I/O.
     async fn create_run<'e>(
         &self,
         exec: impl PgExecutor<'e>,
@@ -111,25 +112,32 @@ impl PgStore {
         workflow: WorkflowId,
         input: &Value,
         options: &StartOptions,
-    ) -> Result<[(Topic, bool); 2], store::Error> {
+    ) -> Result<(NewRun, [(Topic, bool); 2]), store::Error> {
         let gates = serde_json::to_value(&options.gates)
             .map_err(|e| store::Error::Other(format!("cannot encode the gates: {e}")))?;
-        let (created, woke_publisher, woke_scheduler): (bool, bool, bool) = sqlx::query_as(queries::START_RUN)
-            .bind(self.offset())
-            .bind(id)
-            .bind(workflow.0)
-            .bind(input)
-            .bind(i16::from(options.priority.get()))
-            .bind(gates)
-            .fetch_one(exec)
-            .await
-            .map_err(store_error)?;
-        if !created {
+        let (created_at, woke_publisher, woke_scheduler): (Option<DateTime<Utc>>, bool, bool) =
+            sqlx::query_as(queries::START_RUN)
+                .bind(self.offset())
+                .bind(id)
+                .bind(workflow.0)
+                .bind(input)
+                .bind(i16::from(options.priority.get()))
+                .bind(gates)
+                .fetch_one(exec)
+                .await
+                .map_err(store_error)?;
+        let Some(created_at) = created_at else {
             return Err(store::Error::Other(format!(
                 "workflow definition id {workflow} not found"
             )));
-        }
-        Ok([(Topic::Publisher, woke_publisher), (Topic::Scheduler, woke_scheduler)])
+        };
+        Ok((
+            NewRun {
+                id: RunId(id),
+                created_at,
+            },
+            [(Topic::Publisher, woke_publisher), (Topic::Scheduler, woke_scheduler)],
+        ))
     }
 
     /// The run a key started, as start_run_keyed answers for it.
@@ -279,12 +287,13 @@ impl RunStore for PgStore {
         workflow: WorkflowId,
         input: Value,
         options: &StartOptions,
-    ) -> Result<RunId, store::Error> {
+    ) -> Result<NewRun, store::Error> {
         limits::refuse_nul(ValueKind::RunInput, &input)?;
-        let id = Uuid::now_v7();
-        let owed = self.create_run(&self.inner.pool, id, workflow, &input, options).await?;
+        let (run, owed) = self
+            .create_run(&self.inner.pool, Uuid::now_v7(), workflow, &input, options)
+            .await?;
         self.announce(&owed).await;
-        Ok(RunId(id))
+        Ok(run)
     }
 
     async fn request_cancel(&self, run: RunId) -> Result<Option<CancelOutcome>, store::Error> {
@@ -693,8 +702,8 @@ impl RunStore for PgStore {
             return found
                 .ok_or_else(|| store::Error::Other(format!("idempotency key '{}' is taken but not found", key.key)));
         }
-        let owed = match self.create_run(&mut *tx, id, workflow, &input, options).await {
-            Ok(owed) => owed,
+        let (run, owed) = match self.create_run(&mut *tx, id, workflow, &input, options).await {
+            Ok(created) => created,
             Err(e) => {
                 // Now, not on the connection's next use: a call waiting on
                 // this key goes on as soon as it is free again.
@@ -704,7 +713,7 @@ impl RunStore for PgStore {
         };
         tx.commit().await.map_err(store_error)?;
         self.announce(&owed).await;
-        Ok(KeyedStart::Started(RunId(id)))
+        Ok(KeyedStart::Started(run))
     }
 
     async fn list_runs_page(&self, query: &RunQuery) -> Result<Vec<RunSummary>, store::Error> {

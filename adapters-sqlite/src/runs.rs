@@ -8,6 +8,7 @@
 //! CTEs, so the pair is two statements under one write lock, sent as one
 //! call from `BEGIN IMMEDIATE` to `COMMIT`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use flowforge_domain::concurrency::Gate;
@@ -15,7 +16,7 @@ use flowforge_domain::limits::{self, Refusal, ValueKind};
 use flowforge_domain::retry::Reset;
 use flowforge_domain::{Priority, RunState, TaskRunState, TaskTransition, initial_task_run_state};
 use flowforge_ports::store::resolve_generic_transition;
-use flowforge_ports::store::{Gauges, IdempotencyKey, KeyedStart, RunQuery, StartOptions};
+use flowforge_ports::store::{Gauges, IdempotencyKey, KeyedStart, NewRun, RunQuery, StartOptions};
 use flowforge_ports::{
     CancelOutcome, Claim, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore, RunSummary, Scope,
     TaskInputs, TaskOutcome, TaskRunId, Topic, TransitionError, WorkerId, WorkflowId, store,
@@ -29,7 +30,7 @@ use crate::pass::SqlitePass;
 use crate::queries;
 use crate::rows::{EventRow, SummaryRow, TaskRunRow, WaitRow};
 use crate::rows::{col, decode, duration_ms, json, name, run_id, run_key, scope_key, time, u32_of, u64_of};
-use crate::store::{Failure, SqliteStore, lock, padded, sql, tagged};
+use crate::store::{Failure, SqliteStore, StartTask, lock, padded, sql, tagged};
 
 /// The rows a call returned as one JSON array under `tag` (see `GET_RUN`).
 fn aggregated<T: serde::de::DeserializeOwned>(
@@ -79,6 +80,10 @@ struct ExpiredRow {
     compensate_for: Option<String>,
 }
 
+/// Definitions whose start rows are kept at most; past it the cache
+/// starts over (each entry is a few bytes per task).
+const START_TASKS_KEPT: usize = 1024;
+
 impl SqliteStore {
     /// start_run's work, shared by start_run_keyed: the run, its task runs
     /// and their dispatches in one call, with `key` recorded beside them
@@ -89,7 +94,7 @@ impl SqliteStore {
         input: Value,
         options: &StartOptions,
         key: Option<&IdempotencyKey>,
-    ) -> Result<Option<RunId>, store::Error> {
+    ) -> Result<Option<NewRun>, store::Error> {
         let priority = options.priority;
         // SQLite could keep it, PostgreSQL cannot: both refuse it, so the
         // two modes agree (docs/design/data-flow.md#limits).
@@ -98,24 +103,16 @@ impl SqliteStore {
         let run_text = run_key(run);
         let input =
             serde_json::to_string(&input).map_err(|e| store::Error::Other(format!("cannot encode input: {e}")))?;
-        let tasks = {
-            let mut reader = self.inner.read().await?;
-            let rows = reader.call(sql(queries::START_TASKS).bind(workflow.0)).await?;
-            if rows.is_empty() {
-                let exists = reader.call(sql(queries::WORKFLOW_EXISTS).bind(workflow.0)).await?;
-                return Err(if exists.is_empty() {
-                    store::Error::Other(format!("workflow definition id {workflow} not found"))
-                } else {
-                    store::Error::Corrupt(format!("workflow {workflow} has no forward task rows"))
-                });
-            }
-            rows
-        };
+        let tasks = self.start_tasks(workflow).await?;
         let run_gated = options.gates.iter().any(|g| g.task.is_none());
         let mut rows = Vec::with_capacity(tasks.len());
-        for row in &tasks {
-            let task: String = col(row, 0)?;
-            let mut deps: i64 = col(row, 1)?;
+        for StartTask {
+            key: task,
+            deps,
+            priority: own,
+        } in tasks.iter()
+        {
+            let mut deps = *deps;
             // A gate counts as one more dependency of what it holds back
             // (docs/design/concurrency.md#gates).
             if deps == 0 && run_gated {
@@ -124,8 +121,7 @@ impl SqliteStore {
             if options.gates.iter().any(|g| g.task.as_deref() == Some(task.as_str())) {
                 deps += 1;
             }
-            let own: Option<i64> = col(row, 2)?;
-            let task_priority = match own {
+            let task_priority = match *own {
                 Some(p) => Priority::new(p).map_err(|e| store::Error::Corrupt(format!("task '{task}': {e}")))?,
                 None => priority,
             };
@@ -160,12 +156,16 @@ impl SqliteStore {
             query = query.bind(k.key.clone()).bind(k.request_hash.clone());
         }
         let called = self.inner.write().await?.call_sqlx(padded(query)).await;
-        let dispatched = match called {
+        let rows = match called {
             Ok(rows) => rows,
             // The key's row is the only one the call could find taken.
             Err(Failure::Sqlx(e)) if key.is_some() && is_unique_violation(&e) => return Ok(None),
             Err(e) => return Err(e.into_store()),
         };
+        let Some((created, dispatched)) = rows.split_first() else {
+            return Err(store::Error::Other(format!("starting run {run} returned no row")));
+        };
+        let created_at = time("workflow_run.created_at", col(created, 0)?)?;
         lock(&self.inner.inputs).input(run, &input);
         if !dispatched.is_empty() {
             self.inner.wakeups.wake(Topic::Publisher);
@@ -173,7 +173,42 @@ impl SqliteStore {
         if !options.gates.is_empty() {
             self.inner.wakeups.wake(Topic::Scheduler);
         }
-        Ok(Some(run))
+        Ok(Some(NewRun { id: run, created_at }))
+    }
+
+    /// The forward tasks a start of `workflow` creates, in position order:
+    /// read once per definition, then from memory.
+    async fn start_tasks(&self, workflow: WorkflowId) -> Result<Arc<[StartTask]>, store::Error> {
+        if let Some(tasks) = lock(&self.inner.start_tasks).get(&workflow) {
+            return Ok(Arc::clone(tasks));
+        }
+        let mut reader = self.inner.read().await?;
+        let rows = reader.call(sql(queries::START_TASKS).bind(workflow.0)).await?;
+        if rows.is_empty() {
+            let exists = reader.call(sql(queries::WORKFLOW_EXISTS).bind(workflow.0)).await?;
+            return Err(if exists.is_empty() {
+                store::Error::Other(format!("workflow definition id {workflow} not found"))
+            } else {
+                store::Error::Corrupt(format!("workflow {workflow} has no forward task rows"))
+            });
+        }
+        drop(reader);
+        let tasks: Arc<[StartTask]> = rows
+            .iter()
+            .map(|row| {
+                Ok(StartTask {
+                    key: col(row, 0)?,
+                    deps: col(row, 1)?,
+                    priority: col(row, 2)?,
+                })
+            })
+            .collect::<Result<_, store::Error>>()?;
+        let mut cache = lock(&self.inner.start_tasks);
+        if cache.len() >= START_TASKS_KEPT {
+            cache.clear();
+        }
+        cache.insert(workflow, Arc::clone(&tasks));
+        Ok(tasks)
     }
 
     /// The run a key started, as start_run_keyed answers for it.
@@ -206,7 +241,7 @@ impl RunStore for SqliteStore {
         workflow: WorkflowId,
         input: Value,
         options: &StartOptions,
-    ) -> Result<RunId, store::Error> {
+    ) -> Result<NewRun, store::Error> {
         // Without a key there is no key to find taken: always a run.
         self.create_run(workflow, input, options, None)
             .await?

@@ -17,14 +17,14 @@
 //! `ROLLBACK` before anything else, so a write left behind is never
 //! committed by the next user's `COMMIT`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use flowforge_ports::{Clock, RunId, store};
+use flowforge_ports::{Clock, RunId, WorkflowId, store};
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqliteRow, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, Sqlite, SqliteConnection};
@@ -124,6 +124,18 @@ pub(crate) struct Inner {
     pub(crate) sweep_gate: tokio::sync::Mutex<()>,
     /// Run inputs and succeeded outputs already read or written.
     pub(crate) inputs: Mutex<InputCache>,
+    /// The forward tasks a start of each definition creates, already read:
+    /// a published (name, version) never changes, so neither do they.
+    pub(crate) start_tasks: Mutex<HashMap<WorkflowId, Arc<[StartTask]>>>,
+}
+
+/// A forward task as a start creates its task run: key, dependency
+/// count, own priority.
+#[derive(Debug)]
+pub(crate) struct StartTask {
+    pub(crate) key: String,
+    pub(crate) deps: i64,
+    pub(crate) priority: Option<i64>,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -256,6 +268,7 @@ impl SqliteStore {
                 held_dispatches: Mutex::new(HashSet::new()),
                 sweep_gate: tokio::sync::Mutex::new(()),
                 inputs: Mutex::new(InputCache::default()),
+                start_tasks: Mutex::new(HashMap::new()),
             }),
         };
         store.migrate().await?;

@@ -282,7 +282,10 @@ where
     /// Starts a run of a published definition at the default priority
     /// ([`Service::start`]).
     pub async fn start(&self, workflow: WorkflowId, input: Value) -> Result<RunId, Error> {
-        self.service.start(workflow, input, Priority::DEFAULT).await
+        self.service
+            .start(workflow, input, Priority::DEFAULT)
+            .await
+            .map(|run| run.id)
     }
 
     /// Starts a run of a published definition at `priority`
@@ -293,7 +296,7 @@ where
         input: Value,
         priority: Priority,
     ) -> Result<RunId, Error> {
-        self.service.start(workflow, input, priority).await
+        self.service.start(workflow, input, priority).await.map(|run| run.id)
     }
 
     /// Requests cancellation of `run` ([`Service::cancel`]) and stops its

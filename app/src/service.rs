@@ -11,8 +11,8 @@ use flowforge_domain::limits::{self, Limits, ValueKind};
 use flowforge_domain::retry::{Reset, hold_at_gates, reset_set};
 use flowforge_domain::{Priority, RunState, TaskRunState, WorkflowDefinition};
 use flowforge_ports::store::{
-    CancelOutcome, DefinitionSummary, EventView, Gauges, IdempotencyKey, KeyedStart, Notifier, Published, RunQuery,
-    StartOptions, Topic,
+    CancelOutcome, DefinitionSummary, EventView, Gauges, IdempotencyKey, KeyedStart, NewRun, Notifier, Published,
+    RunQuery, StartOptions, Topic,
 };
 use flowforge_ports::{RunId, RunSummary, Scope, Store, WorkerInfo, WorkflowId};
 use serde_json::Value;
@@ -191,7 +191,7 @@ impl<S: Store> Service<S> {
     /// The definition's concurrency limits are resolved against the input
     /// here (docs/design/concurrency.md): a key without one value refuses
     /// the start ([`Error::ConcurrencyKeyUnresolved`]).
-    pub async fn start(&self, workflow: WorkflowId, input: Value, priority: Priority) -> Result<RunId, Error> {
+    pub async fn start(&self, workflow: WorkflowId, input: Value, priority: Priority) -> Result<NewRun, Error> {
         let options = self.start_options(workflow, &input, priority).await?;
         let run = self.store.start_run_with(workflow, input, &options).await?;
         self.count_start(workflow).await;

@@ -73,9 +73,19 @@ pub(crate) async fn start(State(state): State<ApiState>, headers: HeaderMap, raw
     let published = backend.find(&request.workflow, request.version).await?;
     backend.check_types(&published.definition).await?;
     let priority = request.priority.unwrap_or_default();
-    let (status, run) = match backend.start(published.id, request.input, priority, key).await? {
-        KeyedStart::Started(run) => (StatusCode::CREATED, run),
-        KeyedStart::Replayed(run) => (StatusCode::OK, run),
+    let (status, started) = match backend.start(published.id, request.input, priority, key).await? {
+        // What the response says of a new run is known without reading it.
+        KeyedStart::Started(run) => (
+            StatusCode::CREATED,
+            Started::new(
+                run.id,
+                published.definition.name(),
+                published.definition.version(),
+                run.created_at,
+            ),
+        ),
+        // The first run may be of another version: as it was stored.
+        KeyedStart::Replayed(run) => (StatusCode::OK, Started::of(&backend.summary(run).await?)),
         KeyedStart::Reused(run) => {
             return Err(Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -85,8 +95,7 @@ pub(crate) async fn start(State(state): State<ApiState>, headers: HeaderMap, raw
             .with("run_id", run.to_string().into()));
         }
     };
-    let summary = backend.summary(run).await?;
-    let mut response = (status, Json(Started::of(&summary))).into_response();
+    let mut response = (status, Json(started)).into_response();
     if status == StatusCode::OK {
         response
             .headers_mut()

@@ -47,7 +47,7 @@ pub const START_RUN: &str = concat!(
     ORDER BY c.id
     RETURNING id
 )
-SELECT (SELECT count(*) FROM run) > 0 AS created, ",
+SELECT (SELECT created_at FROM run) AS created_at, ",
     any_row!("dispatched"),
     " AS woke_publisher, ",
     any_row!("run"),

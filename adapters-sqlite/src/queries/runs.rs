@@ -235,14 +235,15 @@ pub(crate) const START_TASKS: &str = "SELECT key, json_array_length(depends_on),
 /// the run's priority, `?7` its gates (a JSON array; each becomes a wait,
 /// and a gated run is flagged for its first pass); the literals given (a
 /// statement ending in `; `, each literal followed by a comma) go right
-/// after the run row. Returns one row per dispatch written.
+/// after the run row. Returns the run's `created_at`, then one row per
+/// dispatch written.
 macro_rules! start_writes {
     ($($after_run:tt)*) => {
         concat!(
             "INSERT INTO workflow_run (id, workflow_id, state, input, created_at, priority, gated, needs_pass) \
              VALUES (?2, ?3, 'pending', ?4, ",
             now!(),
-            ", ?6, json_array_length(?7) > 0, json_array_length(?7) > 0); \
+            ", ?6, json_array_length(?7) > 0, json_array_length(?7) > 0) RETURNING created_at; \
              INSERT INTO concurrency_wait (run_id, task_key, scope, label, max, strategy) \
              SELECT ?2, j.value ->> 'task', j.value ->> 'scope', j.value ->> 'label', j.value ->> 'max', \
                     j.value ->> 'strategy' FROM json_each(?7) AS j ORDER BY j.key; ",
@@ -262,8 +263,8 @@ macro_rules! start_writes {
 }
 
 /// start_run in one call: `?2` run, `?3` workflow, `?4` input, `?5` the
-/// task rows, `?6` the run's priority, `?7` its gates; returns one row per
-/// dispatch written.
+/// task rows, `?6` the run's priority, `?7` its gates; returns the run's
+/// `created_at`, then one row per dispatch written.
 pub(crate) const START_RUN: &str = concat!("BEGIN IMMEDIATE; ", start_writes!(), "COMMIT");
 
 /// start_run_keyed in one call: start_run's, with the key `?8` and request

@@ -80,7 +80,11 @@ async fn an_unknown_run_is_not_found_by_every_use_case() {
 async fn close_drives_an_abandoned_run_to_its_end_and_wait_sees_it() {
     let service = Service::new(store().await);
     let published = service.publish(&one_task("noop"), &types(&["noop"])).await.unwrap();
-    let run = service.start(published.id, json!({}), Priority::DEFAULT).await.unwrap();
+    let run = service
+        .start(published.id, json!({}), Priority::DEFAULT)
+        .await
+        .unwrap()
+        .id;
     // Nobody serves the run: close cancels its waiting task itself.
     assert_eq!(
         service.close(run, Duration::from_secs(30)).await.unwrap(),

@@ -76,7 +76,7 @@ async fn submit<S: Store>(
     };
     let priority = flowforge_domain::Priority::new(i64::from(args.priority))?;
     let run = match service.start(published.id, input, priority).await {
-        Ok(run) => run,
+        Ok(run) => run.id,
         Err(e) => return Ok(fail(&e)),
     };
     if !args.wait {

@@ -143,6 +143,12 @@ pub async fn keyed_starts_replay_the_first_run<F: StoreFactory>(factory: &F) {
         KeyedStart::Started(run) => run,
         other => panic!("a new key starts a run, got {other:?}"),
     };
+    let summary = s.run_summary(first.id).await.expect("run_summary").expect("the run");
+    assert_eq!(
+        first.created_at, summary.created_at,
+        "the start tells the stored creation time"
+    );
+    let first = first.id;
     assert_eq!(
         s.start_run_keyed(p.id, json!({"n": 1}), &StartOptions::default(), &key("k1", "h1"))
             .await
@@ -168,7 +174,7 @@ pub async fn keyed_starts_replay_the_first_run<F: StoreFactory>(factory: &F) {
         .start_run_keyed(p.id, json!({"n": 1}), &StartOptions::default(), &key("k2", "h1"))
         .await
         .expect("keyed start");
-    assert!(matches!(second, KeyedStart::Started(run) if run != first));
+    assert!(matches!(second, KeyedStart::Started(run) if run.id != first));
     // A failed start records no key: the key stays free for a good request.
     let missing = crate::ids::WorkflowId(p.id.0 + 1_000);
     assert!(
@@ -205,7 +211,7 @@ pub async fn concurrent_keyed_starts_start_one_run<F: StoreFactory>(factory: &F)
     let mut replayed = Vec::new();
     for call in calls {
         match call.await.expect("the caller ran").expect("keyed start") {
-            KeyedStart::Started(run) => started.push(run),
+            KeyedStart::Started(run) => started.push(run.id),
             KeyedStart::Replayed(run) => replayed.push(run),
             other => panic!("one request, one hash: {other:?}"),
         }

@@ -43,6 +43,7 @@ async fn start_gated<S: Store>(s: &S, published: &Published, input: Value) -> Ru
     )
     .await
     .expect("start")
+    .id
 }
 
 /// One pass over `run` that tries its own gates, lowering its root on

@@ -36,7 +36,8 @@ async fn start_at<S: Store>(s: &S, p: &Published, priorities: &[u8]) -> Vec<RunI
         runs.push(
             s.start_run_with(p.id, json!({}), &starting_at(priority))
                 .await
-                .expect("start"),
+                .expect("start")
+                .id,
         );
     }
     runs
@@ -101,7 +102,11 @@ pub async fn a_task_keeps_its_own_priority_over_its_runs<F: StoreFactory>(factor
         Some(at(8)),
         "a stored definition keeps its tasks' priorities"
     );
-    let run = s.start_run_with(p.id, json!({}), &starting_at(2)).await.expect("start");
+    let run = s
+        .start_run_with(p.id, json!({}), &starting_at(2))
+        .await
+        .expect("start")
+        .id;
     let first: Vec<(String, u8)> = unpublished(&s, Scope::Run(run))
         .await
         .iter()
@@ -136,9 +141,17 @@ pub async fn a_task_keeps_its_own_priority_over_its_runs<F: StoreFactory>(factor
 pub async fn waiting_work_ages_ahead_of_later_urgent_work<F: StoreFactory>(factory: &F) {
     let (s, clock) = fresh(factory).await;
     let p = one_task(&s).await;
-    let old = s.start_run_with(p.id, json!({}), &starting_at(0)).await.expect("start");
+    let old = s
+        .start_run_with(p.id, json!({}), &starting_at(0))
+        .await
+        .expect("start")
+        .id;
     clock.advance(Duration::from_secs(600));
-    let new = s.start_run_with(p.id, json!({}), &starting_at(9)).await.expect("start");
+    let new = s
+        .start_run_with(p.id, json!({}), &starting_at(9))
+        .await
+        .expect("start")
+        .id;
     // Ten minutes apart: with a level per five minutes the nine levels
     // between them outweigh the wait; with a level per minute they do not.
     assert_eq!(swept(&s, Duration::from_secs(300)).await, [(new, 9), (old, 0)]);
@@ -163,16 +176,28 @@ pub async fn a_poll_claims_in_dispatch_order<F: StoreFactory>(factory: &F) {
         [runs[1], runs[3], runs[2], runs[0], runs[4]]
     );
 
-    let old = s.start_run_with(p.id, json!({}), &starting_at(0)).await.expect("start");
+    let old = s
+        .start_run_with(p.id, json!({}), &starting_at(0))
+        .await
+        .expect("start")
+        .id;
     clock.advance(Duration::from_secs(600));
-    let new = s.start_run_with(p.id, json!({}), &starting_at(9)).await.expect("start");
+    let new = s
+        .start_run_with(p.id, json!({}), &starting_at(9))
+        .await
+        .expect("start")
+        .id;
     assert_eq!(
         claim(1, Duration::from_secs(300)).await,
         [new],
         "nine levels outweigh ten minutes"
     );
     clock.advance(Duration::from_secs(600));
-    let newer = s.start_run_with(p.id, json!({}), &starting_at(9)).await.expect("start");
+    let newer = s
+        .start_run_with(p.id, json!({}), &starting_at(9))
+        .await
+        .expect("start")
+        .id;
     assert_eq!(
         claim(1, Duration::from_secs(60)).await,
         [old],

@@ -19,7 +19,7 @@ pub use error::{
 pub use tokens::{NewToken, TokenError, TokenStatus, TokenStore, TokenView};
 pub use values::{
     Activity, CancelOutcome, Claim, DefinitionSummary, EventView, FinishResult, GateCheck, Gauges, IdempotencyKey,
-    KeyedStart, LeaseStatus, LockedRun, PassTask, Published, Reaped, RunCursor, RunDetail, RunQuery, RunSet,
+    KeyedStart, LeaseStatus, LockedRun, NewRun, PassTask, Published, Reaped, RunCursor, RunDetail, RunQuery, RunSet,
     RunSummary, Scope, StartOptions, TaskInputs, TaskOutcome, TaskRunView, Wait, WorkerInfo, WorkerRegistration,
     mark_blocked,
 };
@@ -119,7 +119,11 @@ pub trait RunStore: Send + Sync + 'static {
     /// [`Error::Refused`] naming where, before anything is written (sizes
     /// are the caller's policy, checked before this call).
     fn start_run(&self, workflow: WorkflowId, input: Value) -> impl Future<Output = Result<RunId, Error>> + Send {
-        async move { self.start_run_with(workflow, input, &StartOptions::default()).await }
+        async move {
+            self.start_run_with(workflow, input, &StartOptions::default())
+                .await
+                .map(|run| run.id)
+        }
     }
 
     /// Starts a run as [`RunStore::start_run`] does, with `options`:
@@ -132,12 +136,15 @@ pub trait RunStore: Send + Sync + 'static {
     ///   holds back the tasks without dependencies, a task gate its task
     ///   (docs/design/concurrency.md#gates). A run with gates is flagged
     ///   for a pass, whose scheduler tries them.
+    ///
+    /// Returns the run with its creation time as stored, so a caller
+    /// answering with both needs no second read.
     fn start_run_with(
         &self,
         workflow: WorkflowId,
         input: Value,
         options: &StartOptions,
-    ) -> impl Future<Output = Result<RunId, Error>> + Send;
+    ) -> impl Future<Output = Result<NewRun, Error>> + Send;
 
     /// Requests cancellation (docs/design/cancellation.md#cancel-requests):
     /// records the request and wakes the scheduler, which cancels what it can.

@@ -529,11 +529,20 @@ pub fn mark_blocked(tasks: &mut [TaskRunView], waits: &[Wait]) {
     }
 }
 
+/// A run just started: its id and its `created_at` as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewRun {
+    /// The run.
+    pub id: RunId,
+    /// When it was created (store time), as its summary will say.
+    pub created_at: DateTime<Utc>,
+}
+
 /// What [`RunStore::start_run_keyed`](super::RunStore::start_run_keyed) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyedStart {
     /// This call started the run.
-    Started(RunId),
+    Started(NewRun),
     /// A call with the same key and request started this run before.
     Replayed(RunId),
     /// The key started this run with a different request.

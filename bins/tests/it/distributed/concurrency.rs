@@ -54,7 +54,8 @@ async fn twenty_queued_runs_on_one_key_never_have_three_running_over_postgres() 
             service
                 .start(published.id, json!({"customer": "acme", "n": n}), Priority::DEFAULT)
                 .await
-                .expect("start"),
+                .expect("start")
+                .id,
         );
     }
 
@@ -121,7 +122,8 @@ async fn cancel_in_progress_cancels_and_rolls_back_the_older_run_over_postgres()
     let older = service
         .start(published.id, json!({"site": "eu", "hold": true}), Priority::DEFAULT)
         .await
-        .expect("start");
+        .expect("start")
+        .id;
     eventually("the older run's deploy running", || async {
         (task(&detail(&store, older).await, "deploy").state == TaskRunState::Running).then_some(())
     })
@@ -129,7 +131,8 @@ async fn cancel_in_progress_cancels_and_rolls_back_the_older_run_over_postgres()
     let newer = service
         .start(published.id, json!({"site": "eu"}), Priority::DEFAULT)
         .await
-        .expect("start");
+        .expect("start")
+        .id;
     let settled = |run| {
         let store = &store;
         async move {

@@ -61,6 +61,7 @@ async fn work_queued_behind_a_busy_slot_is_served_by_priority_through_the_broker
                 .start(published.id, json!({"n": n, "hold": hold}), priority)
                 .await
                 .expect("start")
+                .id
         }
     };
 

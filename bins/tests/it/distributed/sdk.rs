@@ -99,7 +99,8 @@ async fn one_set_of_handlers_runs_embedded_and_distributed() {
     let run = service
         .start(published.id, json!({"name": "Ada"}), Priority::DEFAULT)
         .await
-        .expect("start");
+        .expect("start")
+        .id;
     let progress = eventually("the waiting task's progress", || async {
         let d = detail(&store, run).await;
         let t = task(&d, "wait");
