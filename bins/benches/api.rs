@@ -516,6 +516,8 @@ async fn remote(name: &str, db: &str, run_count: usize, clients: usize, batch: u
     })
 }
 
+// One thread generates the load: on a two-core machine a second one only
+// takes a core from the server it measures (BENCHMARKS.md, api).
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
