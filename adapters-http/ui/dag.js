@@ -17,7 +17,7 @@ const PAD = 12;
 const LANE_GAP = 56;
 
 /** Which state a group shows: the most pressing one among its tasks. */
-const GROUP_ORDER = ["running", "retrying", "ready", "failed", "pending", "cancelled", "succeeded", "none", "defined"];
+const GROUP_ORDER = ["running", "retrying", "ready", "failed", "pending", "cancelled", "skipped", "succeeded", "none", "defined"];
 
 export class Dag {
   /**

@@ -29,11 +29,12 @@ export const STATES = {
   succeeded: { icon: "✓", label: "succeeded" },
   failed: { icon: "✗", label: "failed" },
   cancelled: { icon: "⊘", label: "cancelled" },
+  skipped: { icon: "↷", label: "skipped" },
   none: { icon: "–", label: "not run" },
   defined: { icon: "□", label: "task" },
 };
 
-export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+export const TERMINAL = new Set(["succeeded", "failed", "cancelled", "skipped"]);
 
 /** A state badge: icon and label, coloured by `data-state`. */
 export function badge(state, reason) {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use flowforge_domain::concurrency::stored_limits;
+use flowforge_domain::condition::Trigger;
 use flowforge_domain::{Defaults, Priority, RetrySpec, TaskDocument, WorkflowDefinition, WorkflowDocument};
 use flowforge_ports::store::DefinitionSummary;
 use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, WorkflowId, store};
@@ -40,6 +41,8 @@ struct TaskRow {
     compensate_for: Option<String>,
     max_attempts: i32,
     priority: Option<i16>,
+    when_expr: Option<String>,
+    trigger_rule: Option<String>,
 }
 
 /// One record per task for `jsonb_to_recordset`: the task as written plus
@@ -62,6 +65,9 @@ fn task_records(def: &WorkflowDefinition) -> Result<Value, store::Error> {
             "compensate_for": doc.compensate_for,
             "max_attempts": def.retry_policy(task).max_attempts,
             "priority": doc.priority,
+            "when_expr": doc.when,
+            "trigger_rule": doc.trigger.map(Trigger::as_str),
+            "conditional": task.is_conditional(),
         }));
     }
     Ok(Value::Array(records))
@@ -118,6 +124,11 @@ fn rebuild(row: &WorkflowRow, tasks: Vec<TaskRow>) -> Result<WorkflowDefinition,
             .map(|p| Priority::new(p.into()))
             .transpose()
             .map_err(|e| invalid(row, format!("task '{}': {e}", t.key)))?;
+        let trigger: Option<Trigger> = t
+            .trigger_rule
+            .map(|r| serde_json::from_value(Value::String(r)))
+            .transpose()
+            .map_err(|e| invalid(row, format!("task '{}': the stored trigger is not valid: {e}", t.key)))?;
         limits.push((t.key.clone(), i64::from(t.max_attempts)));
         documents.push(TaskDocument {
             concurrency: task_limits.remove(&t.key),
@@ -129,6 +140,8 @@ fn rebuild(row: &WorkflowRow, tasks: Vec<TaskRow>) -> Result<WorkflowDefinition,
             retry,
             compensate_for: t.compensate_for,
             priority,
+            when: t.when_expr,
+            trigger,
         });
     }
     let doc = WorkflowDocument {

@@ -7,15 +7,16 @@ use std::fmt;
 use std::time::Duration;
 
 use flowforge_domain::derive::TaskTally;
-use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, run_machine};
-use flowforge_ports::store::{GateCheck, Wait};
+use flowforge_domain::{CancelReason, RunState, RunTransition, SkipReason, TaskRunState, run_machine};
+use flowforge_ports::store::{DependencyOutcomes, GateCheck, Wait};
 use flowforge_ports::{Activity, LockedRun, PassTask, RunId, RunPass, Topic, WorkflowId, store};
+use serde_json::Value;
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::error::store_error;
+use crate::error::{corrupt, store_error};
 use crate::queries;
-use crate::rows::{FlaggedRow, WaitRow, parse_name};
+use crate::rows::{FlaggedRow, WaitRow, parse_name, to_u32};
 use crate::store::PgStore;
 
 /// The scheduler transaction of one run. Dropping it rolls back.
@@ -100,6 +101,30 @@ struct TallyRow {
 }
 
 impl PgRunPass {
+    /// Moves those of `keys` still pending by `statement` (cancel or skip:
+    /// `$1` offset, `$2` run, `$3` keys, `$4` reason), returning the keys
+    /// moved.
+    async fn move_pending(
+        &mut self,
+        statement: &'static str,
+        keys: &[String],
+        reason: &str,
+    ) -> Result<Vec<String>, store::Error> {
+        self.activity = None;
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let offset = self.store.offset();
+        sqlx::query_scalar(statement)
+            .bind(offset)
+            .bind(self.run.id.0)
+            .bind(keys)
+            .bind(reason)
+            .fetch_all(self.conn()?)
+            .await
+            .map_err(store_error)
+    }
+
     pub(crate) async fn begin(store: PgStore, run: RunId) -> Result<Option<Self>, store::Error> {
         // A pass this process dropped may still hold the run's lock.
         store.inner.rollbacks.settled().await;
@@ -224,19 +249,54 @@ impl RunPass for PgRunPass {
     }
 
     async fn cancel_pending(&mut self, keys: &[String], reason: CancelReason) -> Result<Vec<String>, store::Error> {
+        self.move_pending(queries::CANCEL_PENDING, keys, reason.as_str()).await
+    }
+
+    async fn skip_pending(&mut self, keys: &[String], reason: SkipReason) -> Result<Vec<String>, store::Error> {
+        self.move_pending(queries::SKIP_PENDING, keys, reason.as_str()).await
+    }
+
+    async fn fail_pending(&mut self, key: &str, error: &str) -> Result<bool, store::Error> {
         self.activity = None;
-        let offset = self.store.offset();
+        sqlx::query_scalar(queries::FAIL_PENDING)
+            .bind(self.store.offset())
+            .bind(self.run.id.0)
+            .bind(key)
+            .bind(error)
+            .fetch_one(self.conn()?)
+            .await
+            .map_err(store_error)
+    }
+
+    async fn pending_counts(&mut self, keys: &[String]) -> Result<Vec<(String, u32)>, store::Error> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        sqlx::query_scalar(queries::CANCEL_PENDING)
-            .bind(offset)
+        let rows: Vec<(String, i32)> = sqlx::query_as(queries::PENDING_COUNTS)
             .bind(self.run.id.0)
             .bind(keys)
-            .bind(reason.as_str())
             .fetch_all(self.conn()?)
             .await
-            .map_err(store_error)
+            .map_err(store_error)?;
+        rows.into_iter()
+            .map(|(key, n)| Ok((key, to_u32(n, "task_run.pending_deps")?)))
+            .collect()
+    }
+
+    async fn dependency_outcomes(&mut self, keys: &[String]) -> Result<DependencyOutcomes, store::Error> {
+        let (run_input, tasks): (Value, Value) = sqlx::query_as(queries::DEPENDENCY_OUTCOMES)
+            .bind(self.run.id.0)
+            .bind(keys)
+            .fetch_one(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        let tasks: Vec<(String, String, Option<Value>)> = serde_json::from_value(tasks)
+            .map_err(|e| corrupt(format!("run {}: dependency outcomes: {e}", self.run.id)))?;
+        let tasks = tasks
+            .into_iter()
+            .map(|(key, state, output)| Ok((key, parse_name(&state, "task_run.state")?, output)))
+            .collect::<Result<_, store::Error>>()?;
+        Ok(DependencyOutcomes { run_input, tasks })
     }
 
     async fn cancel_waiting(&mut self) -> Result<Vec<String>, store::Error> {

@@ -4,7 +4,7 @@
 use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
-use flowforge_domain::{CancelReason, Priority, RunState, TaskRunState};
+use flowforge_domain::{CancelReason, Priority, RunState, SkipReason, TaskRunState};
 use flowforge_ports::store::{DefinitionSummary, TokenStatus, TokenView, Wait};
 use flowforge_ports::{
     EventView, PassTask, RunId, RunSummary, TaskRunId, TaskRunView, WorkerId, WorkerInfo, WorkflowId, store,
@@ -128,6 +128,7 @@ pub(crate) struct TaskRunRow {
     pub(crate) fencing_token: i64,
     pub(crate) priority: i16,
     pub(crate) cancel_reason: Option<String>,
+    pub(crate) skip_reason: Option<String>,
     pub(crate) result: Option<Value>,
     pub(crate) error: Option<String>,
     pub(crate) started_at: Option<DateTime<Utc>>,
@@ -151,6 +152,10 @@ impl TaskRunRow {
             priority: priority(self.priority, "task_run.priority")?,
             blocked_by: None,
             cancel_reason: reason(self.cancel_reason)?,
+            skip_reason: self
+                .skip_reason
+                .map(|r| parse_name::<SkipReason>(&r, "task_run.skip_reason"))
+                .transpose()?,
             output: self.result,
             error: self.error,
             started_at: self.started_at,

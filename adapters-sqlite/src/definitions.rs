@@ -9,6 +9,7 @@
 use std::sync::Arc;
 
 use flowforge_domain::concurrency::stored_limits;
+use flowforge_domain::condition::Trigger;
 use flowforge_domain::{Defaults, Priority, RetrySpec, TaskDocument, WorkflowDefinition, WorkflowDocument};
 use flowforge_ports::store::DefinitionSummary;
 use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, WorkflowId, store};
@@ -43,6 +44,8 @@ struct TaskRow {
     compensate_for: Option<String>,
     max_attempts: i64,
     priority: Option<i64>,
+    when_expr: Option<String>,
+    trigger_rule: Option<String>,
 }
 
 /// The task rows of `def`, as one JSON array for a `json_each` insert.
@@ -70,6 +73,13 @@ fn task_rows(def: &WorkflowDefinition) -> Result<String, store::Error> {
             if let Some(p) = t.priority() {
                 row.insert("priority".into(), json!(p.get()));
             }
+            if let Some(w) = t.when() {
+                row.insert("when_expr".into(), json!(w));
+            }
+            if let Some(trigger) = t.document().trigger {
+                row.insert("trigger_rule".into(), json!(trigger.as_str()));
+            }
+            row.insert("conditional".into(), json!(t.is_conditional()));
             row.insert("max_attempts".into(), json!(def.retry_policy(t).max_attempts));
             Value::Object(row)
         })
@@ -117,6 +127,11 @@ fn assemble(w: WorkflowRow, rows: Vec<TaskRow>) -> Result<Published, LoadError> 
             .map(Priority::new)
             .transpose()
             .map_err(|e| invalid(format!("task '{}': {e}", row.key)))?;
+        let trigger: Option<Trigger> = row
+            .trigger_rule
+            .map(|r| serde_json::from_value(Value::String(r)))
+            .transpose()
+            .map_err(|e| invalid(format!("task '{}': the stored trigger is not valid: {e}", row.key)))?;
         max_attempts.push((row.key.clone(), row.max_attempts));
         tasks.push(TaskDocument {
             concurrency: task_limits.remove(&row.key),
@@ -128,6 +143,8 @@ fn assemble(w: WorkflowRow, rows: Vec<TaskRow>) -> Result<Published, LoadError> 
             retry,
             compensate_for: row.compensate_for,
             priority,
+            when: row.when_expr,
+            trigger,
         });
     }
     let document = WorkflowDocument {

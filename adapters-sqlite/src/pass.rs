@@ -29,15 +29,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowforge_domain::derive::TaskTally;
-use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, run_machine};
-use flowforge_ports::store::{GateCheck, Wait};
+use flowforge_domain::{CancelReason, RunState, RunTransition, SkipReason, TaskRunState, run_machine};
+use flowforge_ports::store::{DependencyOutcomes, GateCheck, Wait};
 use flowforge_ports::{Activity, LockedRun, PassTask, RunId, RunPass, Topic, WorkflowId, store};
 use sqlx::sqlite::SqliteRow;
 
 use crate::queries;
 use crate::rows::{FlaggedRow, WaitRow};
 use crate::rows::{col, decode};
-use crate::rows::{name, opt_name, run_id, run_key, u64_of};
+use crate::rows::{json, name, opt_name, run_id, run_key, u32_of, u64_of};
 use crate::store::{Conn, Inner, Query, ids_json, lock, padded, sql, tagged};
 
 /// Marks a run as held by an open pass in this process until dropped.
@@ -238,6 +238,24 @@ impl SqlitePass {
         Ok(rows)
     }
 
+    /// Moves those of `keys` still pending by the call `text` (cancel or
+    /// skip: `?3` the keys, `?4` the reason), returning the keys moved.
+    async fn move_pending(
+        &mut self,
+        text: &'static str,
+        keys: &[String],
+        reason: &str,
+    ) -> Result<Vec<String>, store::Error> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let wanted = serde_json::to_string(keys).map_err(|e| store::Error::Other(e.to_string()))?;
+        let rows = self
+            .change(self.query(text).bind(wanted).bind(reason.to_owned()))
+            .await?;
+        touched_keys(&rows)
+    }
+
     /// A query binding `?1` the clock offset and `?2` the run.
     fn query(&self, text: &'static str) -> Query {
         sql(text).bind(self.inner.offset()).bind(self.key.clone())
@@ -300,14 +318,53 @@ impl RunPass for SqlitePass {
     }
 
     async fn cancel_pending(&mut self, keys: &[String], reason: CancelReason) -> Result<Vec<String>, store::Error> {
+        self.move_pending(queries::CANCEL_PENDING, keys, reason.as_str()).await
+    }
+
+    async fn skip_pending(&mut self, keys: &[String], reason: SkipReason) -> Result<Vec<String>, store::Error> {
+        self.move_pending(queries::SKIP_PENDING, keys, reason.as_str()).await
+    }
+
+    async fn fail_pending(&mut self, key: &str, error: &str) -> Result<bool, store::Error> {
+        let wanted = serde_json::to_string(&[key]).map_err(|e| store::Error::Other(e.to_string()))?;
+        let rows = self
+            .change(self.query(queries::FAIL_PENDING).bind(wanted).bind(error.to_owned()))
+            .await?;
+        Ok(!touched_keys(&rows)?.is_empty())
+    }
+
+    async fn pending_counts(&mut self, keys: &[String]) -> Result<Vec<(String, u32)>, store::Error> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
         let wanted = serde_json::to_string(keys).map_err(|e| store::Error::Other(e.to_string()))?;
         let rows = self
-            .change(self.query(queries::CANCEL_PENDING).bind(wanted).bind(reason.as_str()))
+            .call(sql(queries::PENDING_COUNTS).bind(self.key.clone()).bind(wanted))
             .await?;
-        touched_keys(&rows)
+        rows.iter()
+            .map(|r| Ok((col::<String>(r, 0)?, u32_of("task_run.pending_deps", col(r, 1)?)?)))
+            .collect()
+    }
+
+    async fn dependency_outcomes(&mut self, keys: &[String]) -> Result<DependencyOutcomes, store::Error> {
+        let wanted = serde_json::to_string(keys).map_err(|e| store::Error::Other(e.to_string()))?;
+        let rows = self
+            .call(padded(self.query(queries::DEPENDENCY_OUTCOMES).bind(wanted)))
+            .await?;
+        let input = tagged(&rows, 0)
+            .next()
+            .ok_or_else(|| store::Error::Other(format!("run {} not found", self.run.id)))?;
+        let run_input = json("workflow_run.input", &col::<String>(input, 1)?)?;
+        let tasks = tagged(&rows, 1)
+            .map(|r| {
+                let state: String = col(r, 2)?;
+                let output = col::<Option<String>>(r, 3)?
+                    .map(|text| json("task_run.result", &text))
+                    .transpose()?;
+                Ok((col::<String>(r, 1)?, name("task_run.state", &state)?, output))
+            })
+            .collect::<Result<_, store::Error>>()?;
+        Ok(DependencyOutcomes { run_input, tasks })
     }
 
     async fn cancel_waiting(&mut self) -> Result<Vec<String>, store::Error> {

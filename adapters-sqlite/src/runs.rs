@@ -106,13 +106,23 @@ impl SqliteStore {
         let tasks = self.start_tasks(workflow).await?;
         let run_gated = options.gates.iter().any(|g| g.task.is_none());
         let mut rows = Vec::with_capacity(tasks.len());
+        let mut first_pass = !options.gates.is_empty();
         for StartTask {
             key: task,
             deps,
             priority: own,
+            conditional,
         } in tasks.iter()
         {
             let mut deps = *deps;
+            // A conditional task waits on one hold more, which the
+            // scheduler lowers once it has decided it; one without
+            // dependencies is decided by the run's first pass
+            // (docs/design/conditions.md#deciding).
+            if *conditional {
+                first_pass |= deps == 0;
+                deps += 1;
+            }
             // A gate counts as one more dependency of what it holds back
             // (docs/design/concurrency.md#gates).
             if deps == 0 && run_gated {
@@ -170,7 +180,7 @@ impl SqliteStore {
         if !dispatched.is_empty() {
             self.inner.wakeups.wake(Topic::Publisher);
         }
-        if !options.gates.is_empty() {
+        if first_pass {
             self.inner.wakeups.wake(Topic::Scheduler);
         }
         Ok(Some(NewRun { id: run, created_at }))
@@ -200,6 +210,7 @@ impl SqliteStore {
                     key: col(row, 0)?,
                     deps: col(row, 1)?,
                     priority: col(row, 2)?,
+                    conditional: col(row, 3)?,
                 })
             })
             .collect::<Result<_, store::Error>>()?;

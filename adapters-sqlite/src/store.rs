@@ -130,12 +130,14 @@ pub(crate) struct Inner {
 }
 
 /// A forward task as a start creates its task run: key, dependency
-/// count, own priority.
+/// count, own priority, and whether the scheduler decides it
+/// (docs/design/conditions.md#deciding).
 #[derive(Debug)]
 pub(crate) struct StartTask {
     pub(crate) key: String,
     pub(crate) deps: i64,
     pub(crate) priority: Option<i64>,
+    pub(crate) conditional: bool,
 }
 
 impl fmt::Debug for SqliteStore {

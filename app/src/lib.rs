@@ -11,6 +11,7 @@ pub mod cache;
 pub mod command;
 pub mod engine;
 pub mod error;
+mod inputs;
 mod metrics;
 pub mod observers;
 pub mod process;

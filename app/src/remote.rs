@@ -328,7 +328,15 @@ impl<S: Store> RemoteWork<S> {
         let inputs = match inputs {
             Ok(i) => {
                 read.insert(memo, i.clone());
-                i
+                match crate::inputs::for_trigger(&self.store, claim.run_id, task, i.outputs).await {
+                    Ok(outputs) => TaskInputs { outputs, ..i },
+                    Err(e) => {
+                        let retry_in = def.retry_policy(task).next_retry(claim.generation_attempt(), false);
+                        let error = format!("could not read the task's inputs: {e}");
+                        self.give_up(worker, &claim, fail(error, retry_in)).await;
+                        return None;
+                    }
+                }
             }
             Err(flowforge_ports::store::Error::Refused(refusal)) => {
                 self.give_up(worker, &claim, fail(refusal.to_string(), None)).await;

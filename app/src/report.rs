@@ -61,6 +61,10 @@ pub struct TaskReport {
     pub blocked_by: Option<String>,
     /// `user` or `upstream_failed` when cancelled.
     pub cancel_reason: Option<String>,
+    /// `condition_false` or `upstream_skipped` when skipped
+    /// (docs/design/conditions.md#skipping).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skip_reason: Option<String>,
     /// Output when succeeded.
     pub output: Option<Value>,
     /// Last error.
@@ -193,6 +197,7 @@ impl RunReport {
                 priority: t.priority,
                 blocked_by: t.blocked_by.clone(),
                 cancel_reason: t.cancel_reason.map(|r| r.to_string()),
+                skip_reason: t.skip_reason.map(|r| r.to_string()),
                 output: t.output.clone(),
                 error: t.error.clone(),
                 started_at: time(t.started_at),
@@ -329,6 +334,7 @@ mod tests {
             priority: Priority::DEFAULT,
             blocked_by: None,
             cancel_reason: None,
+            skip_reason: None,
             output: (state == TaskRunState::Succeeded).then(|| json!({})),
             error: (state == TaskRunState::Failed).then(|| "boom".to_owned()),
             started_at: None,

@@ -3,16 +3,17 @@
 //! cancel, compensate, derive and store the run state. Its loop sleeps until a
 //! store notification or the earliest retry / lease deadline.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flowforge_domain::concurrency::Strategy;
 use flowforge_domain::derive::{CompensationProgress, TaskTally, Verdict, derive_run_state};
-use flowforge_domain::plan;
-use flowforge_domain::{RunState, TaskRunState, TaskTransition, WorkflowDefinition};
+use flowforge_domain::plan::{self, Decision};
+use flowforge_domain::{CancelReason, RunState, SkipReason, TaskRunState, TaskTransition, WorkflowDefinition};
 use flowforge_ports::store::{GateCheck, LockedRun, Notifier, RunPass, Topic, Wait};
 use flowforge_ports::{RunEvent, RunId, Scope, Store, TaskEvent};
+use serde_json::Value;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -34,6 +35,15 @@ pub struct PassOutcome {
     pub compensator: Option<String>,
     /// The terminal state the run reached in this pass, if any.
     pub settled: Option<RunState>,
+}
+
+/// What deciding a run's conditional tasks did.
+#[derive(Debug, Default)]
+struct Decided {
+    /// Task runs made ready.
+    dispatched: usize,
+    /// Rows were skipped or failed, and flagged for the pass to react to.
+    reflagged: bool,
 }
 
 /// What one scheduler pass over its scope did.
@@ -249,27 +259,63 @@ impl<S: Store> Scheduler<S> {
         let graph = def.graph();
         let mut outcome = PassOutcome::default();
 
-        // React to the changes since the last pass.
-        let flagged = pass.take_flagged().await?;
-        let reaction = plan::react(
-            graph,
-            flagged
-                .iter()
-                .filter(|t| t.compensate_for.is_none())
-                .map(|t| (t.key.as_str(), t.state)),
-        );
-        for (blocked, reason) in reaction.cancellations() {
-            let keys: Vec<String> = blocked.iter().map(|k| (*k).to_owned()).collect();
-            outcome.cancelled += pass.cancel_pending(&keys, reason).await?.len();
-        }
-        if header.cancel_requested {
-            outcome.cancelled += pass.cancel_waiting().await?.len();
-        } else {
-            if !reaction.satisfied.is_empty() {
-                let done: Vec<(String, u32)> = reaction.satisfied.iter().map(|(k, n)| ((*k).to_owned(), *n)).collect();
-                outcome.dispatched += pass.satisfy_dependencies(&done).await?.len();
+        // React to the changes since the last pass. A skip, or a condition
+        // that failed, flags its row, and the pass reacts to that in turn
+        // until nothing new is flagged (docs/design/conditions.md#deciding).
+        let conditional = def.has_conditions();
+        let trigger = |key: &str| def.task(key).map(|t| t.trigger()).unwrap_or_default();
+        let mut flagged = pass.take_flagged().await?;
+        let mut first_round = true;
+        loop {
+            let reaction = plan::react(
+                graph,
+                trigger,
+                flagged
+                    .iter()
+                    .filter(|t| t.compensate_for.is_none())
+                    .map(|t| (t.key.as_str(), t.state)),
+            );
+            let mut released = reaction.satisfied.clone();
+            for (blocked, reason) in reaction.cancellations() {
+                let keys: Vec<String> = blocked.iter().map(|k| (*k).to_owned()).collect();
+                let cancelled = pass.cancel_pending(&keys, reason).await?;
+                outcome.cancelled += cancelled.len();
+                if conditional && reason == CancelReason::UpstreamFailed {
+                    for (key, n) in plan::released_by_cancellations(graph, trigger, &cancelled) {
+                        *released.entry(key).or_default() += n;
+                    }
+                }
             }
-            outcome.dispatched += pass.promote_due_retries().await?.len();
+            let mut reflagged = false;
+            if !reaction.upstream_skipped.is_empty() {
+                let keys: Vec<String> = reaction.upstream_skipped.iter().map(|k| (*k).to_owned()).collect();
+                let skipped = pass.skip_pending(&keys, SkipReason::UpstreamSkipped).await?;
+                reflagged |= !skipped.is_empty();
+                self.skipped(run, &skipped, SkipReason::UpstreamSkipped);
+            }
+            if header.cancel_requested {
+                if first_round {
+                    outcome.cancelled += pass.cancel_waiting().await?.len();
+                }
+            } else {
+                if !released.is_empty() {
+                    let done: Vec<(String, u32)> = released.iter().map(|(k, n)| ((*k).to_owned(), *n)).collect();
+                    outcome.dispatched += pass.satisfy_dependencies(&done).await?.len();
+                }
+                if first_round {
+                    outcome.dispatched += pass.promote_due_retries().await?.len();
+                }
+                if conditional {
+                    let decided = self.decide_conditions(&mut pass, def).await?;
+                    outcome.dispatched += decided.dispatched;
+                    reflagged |= decided.reflagged;
+                }
+            }
+            first_round = false;
+            if !reflagged {
+                break;
+            }
+            flagged = pass.take_flagged().await?;
         }
         let mut victim = None;
         if header.gated {
@@ -365,6 +411,80 @@ impl<S: Store> Scheduler<S> {
             });
         }
         Ok(Some(outcome))
+    }
+
+    /// Decides each conditional task whose dependencies have all finished
+    /// (only its hold is left on its counter): runs it, skips it or fails
+    /// it (docs/design/conditions.md#deciding).
+    async fn decide_conditions<P: RunPass>(&self, pass: &mut P, def: &WorkflowDefinition) -> Result<Decided, Error> {
+        let mut decided = Decided::default();
+        let keys: Vec<String> = def
+            .forward_tasks()
+            .filter(|t| t.is_conditional())
+            .map(|t| t.key().to_owned())
+            .collect();
+        let at_hold: Vec<String> = pass
+            .pending_counts(&keys)
+            .await?
+            .into_iter()
+            .filter(|(_, n)| *n == 1)
+            .map(|(k, _)| k)
+            .collect();
+        if at_hold.is_empty() {
+            return Ok(decided);
+        }
+        let wanted: Vec<String> = at_hold
+            .iter()
+            .filter_map(|k| def.task(k))
+            .flat_map(|t| t.depends_on().iter().cloned())
+            .collect::<BTreeSet<String>>()
+            .into_iter()
+            .collect();
+        let outcomes = pass.dependency_outcomes(&wanted).await?;
+        let by_key: HashMap<&str, (TaskRunState, &Option<Value>)> =
+            outcomes.tasks.iter().map(|(k, s, o)| (k.as_str(), (*s, o))).collect();
+        let run = pass.run().id;
+        for key in at_hold {
+            let Some(task) = def.task(&key) else { continue };
+            let dependencies: BTreeMap<String, (TaskRunState, Option<Value>)> = task
+                .depends_on()
+                .iter()
+                .filter_map(|d| by_key.get(d.as_str()).map(|(s, o)| (d.clone(), (*s, (*o).clone()))))
+                .collect();
+            match plan::decide(task, &dependencies, &outcomes.run_input) {
+                Decision::Run => {
+                    decided.dispatched += pass.satisfy_dependencies(&[(key, 1)]).await?.len();
+                }
+                Decision::Skip(reason) => {
+                    let skipped = pass.skip_pending(std::slice::from_ref(&key), reason).await?;
+                    decided.reflagged |= !skipped.is_empty();
+                    self.skipped(run, &skipped, reason);
+                }
+                Decision::Fail(error) => {
+                    if pass.fail_pending(&key, &error).await? {
+                        decided.reflagged = true;
+                        tracing::warn!(run_id = %run, task_key = %key, %error, "task failed: its condition could not be evaluated");
+                        self.observers.task_failed(&TaskEvent {
+                            run_id: run,
+                            task_key: key.clone(),
+                            task_type: task.task_type().to_owned(),
+                            compensate_for: None,
+                            attempt: 1,
+                            output: None,
+                            error: Some(error),
+                            retry_in: None,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(decided)
+    }
+
+    fn skipped(&self, run: RunId, keys: &[String], reason: SkipReason) {
+        for key in keys {
+            tracing::info!(run_id = %run, task_key = %key, %reason, "task skipped");
+        }
     }
 
     /// Runs passes until `shutdown`, sleeping until a notification, the

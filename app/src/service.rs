@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use flowforge_domain::concurrency;
 use flowforge_domain::limits::{self, Limits, ValueKind};
-use flowforge_domain::retry::{Reset, hold_at_gates, reset_set};
+use flowforge_domain::retry::{Reset, hold_at_gates, hold_conditions, reset_set};
 use flowforge_domain::{Priority, RunState, TaskRunState, WorkflowDefinition};
 use flowforge_ports::store::{
     CancelOutcome, DefinitionSummary, EventView, Gauges, IdempotencyKey, KeyedStart, NewRun, Notifier, Published,
@@ -342,8 +342,11 @@ impl<S: Store> Service<S> {
         let compensated: BTreeSet<&str> = crate::report::standing_compensators(&detail.tasks)
             .filter_map(|c| c.compensate_for.as_deref())
             .collect();
-        let mut resets = reset_set(published.definition.graph(), &states, &compensated, from)
+        let def = &published.definition;
+        let trigger = |key: &str| def.task(key).map(|t| t.trigger()).unwrap_or_default();
+        let mut resets = reset_set(def.graph(), trigger, &states, &compensated, from)
             .map_err(|refusal| Error::RetryRefused { run, refusal })?;
+        hold_conditions(&mut resets, |key| def.task(key).is_some_and(|t| t.is_conditional()));
         // The input is the one the run started with, so its keys resolve
         // to the pools it held before (docs/design/concurrency.md#retries).
         let gates = hold_at_gates(&mut resets, concurrency::resolve(&published.definition, &detail.input)?);

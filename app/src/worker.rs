@@ -545,11 +545,20 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             Some(forward) => vec![forward.clone()],
             None => task.depends_on().to_vec(),
         };
-        let inputs = match self
+        let read = match self
             .store
             .task_inputs(claim.run_id, &keys, self.config.limits.task_inputs_bytes)
             .await
         {
+            Ok(i) => crate::inputs::for_trigger(&self.store, claim.run_id, task, i.outputs)
+                .await
+                .map(|outputs| flowforge_ports::store::TaskInputs {
+                    outputs,
+                    run_input: i.run_input,
+                }),
+            Err(e) => Err(e),
+        };
+        let inputs = match read {
             Ok(i) => i,
             // The same outputs are as large next time.
             Err(store::Error::Refused(refusal)) => return permanent(&mut event, refusal.to_string()),

@@ -28,6 +28,9 @@ pub struct TaskTally {
     pub cancelled_by_user: u64,
     /// Cancelled because a dependency failed for good.
     pub cancelled_upstream: u64,
+    /// Skipped by its condition or trigger: a success for the run's sake
+    /// (docs/design/conditions.md#skipping).
+    pub skipped: u64,
     /// Whether any task run has `started_at`
     /// (docs/design/state-machines.md#started).
     pub any_started: bool,
@@ -49,6 +52,7 @@ impl TaskTally {
             TaskRunState::Retrying => &mut self.retrying,
             TaskRunState::Succeeded => &mut self.succeeded,
             TaskRunState::Failed => &mut self.failed,
+            TaskRunState::Skipped => &mut self.skipped,
             TaskRunState::Cancelled => match reason {
                 Some(CancelReason::UpstreamFailed) => &mut self.cancelled_upstream,
                 Some(CancelReason::User) | None => &mut self.cancelled_by_user,
@@ -65,7 +69,7 @@ impl TaskTally {
 
     /// Every counted task run.
     pub fn total(&self) -> u64 {
-        self.active() + self.succeeded + self.failed + self.cancelled_by_user + self.cancelled_upstream
+        self.active() + self.succeeded + self.failed + self.cancelled_by_user + self.cancelled_upstream + self.skipped
     }
 }
 
@@ -119,8 +123,8 @@ impl Verdict {
 /// no compensation is outstanding. Until then: `running` once any task has
 /// started, else `pending`. A settled run is cancelled if any task was
 /// cancelled by a user; else failed if any failed for good (after its
-/// rollback); else succeeded if every task succeeded. An empty tally is not
-/// a success: it stays pending.
+/// rollback); else succeeded: every task succeeded or was skipped. An
+/// empty tally is not a success: it stays pending.
 ///
 /// A cancel *request* is not an input: the scheduler turns it into
 /// user-cancelled tasks, so a request that found nothing left to cancel

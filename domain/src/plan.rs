@@ -1,30 +1,42 @@
 //! The scheduler pass's decisions (docs/design/scheduler.md#the-pass) as pure
 //! functions: what the forward tasks that finished since the last pass ask
-//! of their dependents, and which run edges store a verdict. The pass
+//! of their dependents, what a conditional task does once they have all
+//! finished, and which run edges store a verdict. The pass
 //! gathers their inputs from the store and applies their answers; it
 //! decides nothing itself.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::definition::WorkflowDefinition;
+use serde_json::{Map, Value};
+
+use crate::condition::{self, Trigger};
+use crate::definition::{TaskDefinition, WorkflowDefinition};
 use crate::derive::{CompensationProgress, CompensationStep, Verdict, compensation_order, next_compensation_step};
 use crate::graph::DependencyGraph;
-use crate::state::{CancelReason, RunState, RunTransition, TaskRunState};
+use crate::state::{CancelReason, RunState, RunTransition, SkipReason, TaskRunState};
 
 /// What newly finished forward tasks ask of the tasks below them.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Reaction<'g> {
-    /// Per dependent, how many of its dependencies just succeeded: the
+    /// Per dependent, how many of its dependencies just released it: the
     /// amount its pending-dependency counter goes down by. A task is
-    /// promoted when its counter reaches zero, so it counts successes only.
+    /// promoted when its counter reaches zero. A plain task counts
+    /// successes only; a conditional one also counts the outcomes its
+    /// trigger runs after, and the pass decides it once only its hold is
+    /// left (docs/design/conditions.md#deciding).
     pub satisfied: BTreeMap<&'g str, u32>,
     /// Everything downstream of a task that failed for good
-    /// (docs/design/state-machines.md#failed-for-good): it can never run,
-    /// and is cancelled `upstream_failed`.
+    /// (docs/design/state-machines.md#failed-for-good) up to the tasks
+    /// that run after anything (`all_done`): it can never run, and is
+    /// cancelled `upstream_failed`.
     pub upstream_failed: BTreeSet<&'g str>,
     /// Everything downstream of a cancelled task: it inherits the user's
     /// reason, not `upstream_failed`.
     pub upstream_cancelled: BTreeSet<&'g str>,
+    /// The dependents of a skipped task whose trigger needs every
+    /// dependency to succeed: skipped `upstream_skipped`. Each is flagged
+    /// by its skip, so the pass reacts to it in turn.
+    pub upstream_skipped: BTreeSet<&'g str>,
 }
 
 impl<'g> Reaction<'g> {
@@ -40,12 +52,14 @@ impl<'g> Reaction<'g> {
 }
 
 /// Reacts to the forward tasks that finished since the last pass, given as
-/// `(key, state)`. States other than succeeded, failed and cancelled (a
-/// flagged row that moved on since, or a first claim) ask nothing. Keys
-/// the graph does not know ask nothing either: the definition is the
-/// authority on who depends on whom.
+/// `(key, state)`; `trigger` gives each task's trigger rule. States other
+/// than succeeded, failed, cancelled and skipped (a flagged row that moved
+/// on since, or a first claim) ask nothing. Keys the graph does not know
+/// ask nothing either: the definition is the authority on who depends on
+/// whom.
 pub fn react<'g, 'k>(
     graph: &'g DependencyGraph,
+    trigger: impl Fn(&str) -> Trigger,
     finished: impl IntoIterator<Item = (&'k str, TaskRunState)>,
 ) -> Reaction<'g> {
     let mut reaction = Reaction::default();
@@ -56,12 +70,127 @@ pub fn react<'g, 'k>(
                     *reaction.satisfied.entry(dependent).or_default() += 1;
                 }
             }
-            TaskRunState::Failed => reaction.upstream_failed.extend(graph.transitive_dependents_of(key)),
+            TaskRunState::Skipped => {
+                for dependent in graph.dependents_of(key) {
+                    if trigger(dependent) == Trigger::AllSucceeded {
+                        reaction.upstream_skipped.insert(dependent);
+                    } else {
+                        *reaction.satisfied.entry(dependent).or_default() += 1;
+                    }
+                }
+            }
+            TaskRunState::Failed => {
+                for dependent in graph.dependents_of(key) {
+                    if trigger(dependent) == Trigger::AllDone {
+                        *reaction.satisfied.entry(dependent).or_default() += 1;
+                    } else {
+                        block_below(graph, &trigger, dependent, &mut reaction.upstream_failed);
+                    }
+                }
+            }
             TaskRunState::Cancelled => reaction.upstream_cancelled.extend(graph.transitive_dependents_of(key)),
             TaskRunState::Pending | TaskRunState::Ready | TaskRunState::Running | TaskRunState::Retrying => {}
         }
     }
     reaction
+}
+
+/// Adds `key` and everything below it to `blocked`, stopping at the tasks
+/// that run after anything: they count the cancellation instead
+/// ([`released_by_cancellations`]).
+fn block_below<'g>(
+    graph: &'g DependencyGraph,
+    trigger: &impl Fn(&str) -> Trigger,
+    key: &'g str,
+    blocked: &mut BTreeSet<&'g str>,
+) {
+    let mut stack = vec![key];
+    while let Some(key) = stack.pop() {
+        if blocked.insert(key) {
+            stack.extend(graph.dependents_of(key).filter(|d| trigger(d) != Trigger::AllDone));
+        }
+    }
+}
+
+/// What the cancellations a pass applied for a failure release: each
+/// cancelled task counts as done for its dependents that run after
+/// anything. `cancelled` are the keys the store actually moved, so a task
+/// cancelled by an earlier pass is never counted twice.
+pub fn released_by_cancellations<'g>(
+    graph: &'g DependencyGraph,
+    trigger: impl Fn(&str) -> Trigger,
+    cancelled: &[String],
+) -> BTreeMap<&'g str, u32> {
+    let mut released = BTreeMap::new();
+    for key in cancelled {
+        for dependent in graph.dependents_of(key) {
+            if trigger(dependent) == Trigger::AllDone {
+                *released.entry(dependent).or_default() += 1;
+            }
+        }
+    }
+    released
+}
+
+/// What the pass does with a conditional task once all its dependencies
+/// have finished (docs/design/conditions.md#deciding).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Lower its hold: it runs (or waits at its gate).
+    Run,
+    /// It is skipped, for this reason.
+    Skip(SkipReason),
+    /// Its `when` could not be evaluated: it fails for good with this error.
+    Fail(String),
+}
+
+/// Decides a conditional task whose dependencies have all finished, given
+/// their `(state, output)` and the run's input.
+pub fn decide(
+    task: &TaskDefinition,
+    dependencies: &BTreeMap<String, (TaskRunState, Option<Value>)>,
+    run_input: &Value,
+) -> Decision {
+    let trigger = task.trigger();
+    let any_succeeded = dependencies.values().any(|(s, _)| *s == TaskRunState::Succeeded);
+    let any_skipped = dependencies.values().any(|(s, _)| *s == TaskRunState::Skipped);
+    match trigger {
+        // A skipped dependency skipped it already; what is left succeeded.
+        Trigger::AllSucceeded if any_skipped => return Decision::Skip(SkipReason::UpstreamSkipped),
+        Trigger::NoneFailed if !dependencies.is_empty() && !any_succeeded => {
+            return Decision::Skip(SkipReason::UpstreamSkipped);
+        }
+        _ => {}
+    }
+    let Some(when) = task.when() else {
+        return Decision::Run;
+    };
+    let inputs = condition_inputs(trigger, dependencies);
+    match condition::evaluate(when, &inputs, run_input) {
+        Ok(true) => Decision::Run,
+        Ok(false) => Decision::Skip(SkipReason::ConditionFalse),
+        Err(e) => Decision::Fail(format!("`when` could not be evaluated: {e}")),
+    }
+}
+
+/// The `inputs` a task sees, in its `when` and in its handler: each
+/// dependency's output by key (null when it did not succeed), or, with the
+/// `all_done` trigger, its state beside its output
+/// (docs/design/conditions.md#inputs).
+pub fn condition_inputs(
+    trigger: Trigger,
+    dependencies: &BTreeMap<String, (TaskRunState, Option<Value>)>,
+) -> Map<String, Value> {
+    dependencies
+        .iter()
+        .map(|(key, (state, output))| {
+            let value = match trigger {
+                Trigger::AllDone => condition::dependency_view(*state, output.clone()),
+                Trigger::AllSucceeded | Trigger::NoneFailed => output.clone().unwrap_or(Value::Null),
+            };
+            (key.clone(), value)
+        })
+        .collect()
 }
 
 /// The rollback's next move (docs/design/compensation.md#one-at-a-time).
@@ -194,7 +323,7 @@ mod tests {
                     .enumerate()
                     .filter(|(i, k)| batch_of[*i] == batch && succeeded.contains(k.as_str()))
                     .map(|(_, k)| (k.as_str(), TaskRunState::Succeeded));
-                for (key, n) in react(&graph, finished).satisfied {
+                for (key, n) in react(&graph, |_| Trigger::AllSucceeded, finished).satisfied {
                     *counters.get_mut(key).expect("a known key") -= i64::from(n);
                 }
             }
@@ -221,7 +350,7 @@ mod tests {
                     _ => None,
                 })
                 .collect();
-            let reaction = react(&graph, finished.iter().copied());
+            let reaction = react(&graph, |_| Trigger::AllSucceeded, finished.iter().copied());
             prop_assert!(reaction.satisfied.is_empty());
             let below = |state| -> BTreeSet<&str> {
                 finished.iter().filter(|(_, s)| *s == state).flat_map(|(k, _)| graph.transitive_dependents_of(k)).collect()
@@ -340,5 +469,158 @@ mod tests {
             run_edges(RunState::Pending, verdict, true),
             &[RunTransition::Start, RunTransition::Cancel]
         );
+    }
+
+    /// A model of the store's counters and the pass, driving a random DAG
+    /// with random triggers, conditions and outcomes to its end
+    /// (docs/design/conditions.md#deciding).
+    mod conditions {
+        use super::*;
+        use serde_json::json;
+
+        /// What a task does when it runs, and whether its `when` says no.
+        #[derive(Debug, Clone, Copy)]
+        struct Plan {
+            trigger: Trigger,
+            when_false: Option<bool>,
+            fails: bool,
+        }
+
+        fn arb_plan() -> impl Strategy<Value = Plan> {
+            (
+                prop::sample::select(vec![Trigger::AllSucceeded, Trigger::NoneFailed, Trigger::AllDone]),
+                prop::option::of(any::<bool>()),
+                prop::bool::weighted(0.3),
+            )
+                .prop_map(|(trigger, when_false, fails)| Plan {
+                    trigger,
+                    when_false,
+                    fails,
+                })
+        }
+
+        fn definition(keys: &[String], deps: &[Vec<String>], plans: &[Plan]) -> WorkflowDefinition {
+            let tasks: Vec<Value> = keys
+                .iter()
+                .zip(deps)
+                .zip(plans)
+                .map(|((k, d), p)| {
+                    let mut task = json!({"key": k, "task_type": "noop", "depends_on": d, "trigger": p.trigger});
+                    if p.when_false.is_some() {
+                        task["when"] = json!(format!("run_input.{k} == false"));
+                    }
+                    task
+                })
+                .collect();
+            crate::schema::parse_value(json!({"name": "c", "version": 1, "tasks": tasks}))
+                .expect("a valid definition by construction")
+        }
+
+        proptest! {
+            /// Every task ends terminal; a task runs only as its trigger
+            /// allows; a skipped or failed dependency never lets an
+            /// `all_succeeded` task run; `all_done` tasks always run.
+            #[test]
+            fn every_task_settles_and_runs_only_as_its_trigger_allows(
+                (keys, deps) in arb_graph(),
+                plans in prop::collection::vec(arb_plan(), 12),
+            ) {
+                let def = definition(&keys, &deps, &plans);
+                let graph = def.graph();
+                let plan_of = |key: &str| plans[keys.iter().position(|k| k == key).expect("a key")];
+                let trigger = |key: &str| def.task(key).expect("a task").trigger();
+                let run_input: Value =
+                    keys.iter().zip(&plans).map(|(k, p)| (k.clone(), json!(p.when_false == Some(true)))).collect::<Map<_, _>>().into();
+                let mut state: BTreeMap<String, TaskRunState> = BTreeMap::new();
+                let mut counter: BTreeMap<String, u32> = BTreeMap::new();
+                let mut ready: Vec<String> = Vec::new();
+                let mut flagged: Vec<String> = Vec::new();
+                for (k, d) in keys.iter().zip(&deps) {
+                    let conditional = def.task(k).expect("a task").is_conditional();
+                    let n = d.len() as u32 + u32::from(conditional);
+                    counter.insert(k.clone(), n);
+                    state.insert(k.clone(), if n == 0 { TaskRunState::Ready } else { TaskRunState::Pending });
+                    if n == 0 { ready.push(k.clone()); }
+                    if conditional && d.is_empty() { flagged.push(k.clone()); }
+                }
+                for _ in 0..1000 {
+                    // Run everything ready: succeed or fail for good.
+                    for k in std::mem::take(&mut ready) {
+                        let s = if plan_of(&k).fails { TaskRunState::Failed } else { TaskRunState::Succeeded };
+                        state.insert(k.clone(), s);
+                        flagged.push(k);
+                    }
+                    if flagged.is_empty() { break; }
+                    // One pass: react, cancel, skip, lower, decide.
+                    let taken = std::mem::take(&mut flagged);
+                    let finished: Vec<(&str, TaskRunState)> = taken.iter().map(|k| (k.as_str(), state[k])).collect();
+                    let reaction = react(graph, trigger, finished);
+                    let mut cancelled = Vec::new();
+                    for (keys, _) in reaction.cancellations() {
+                        for k in keys {
+                            if state[*k] == TaskRunState::Pending {
+                                state.insert((*k).to_owned(), TaskRunState::Cancelled);
+                                cancelled.push((*k).to_owned());
+                            }
+                        }
+                    }
+                    for k in &reaction.upstream_skipped {
+                        if state[*k] == TaskRunState::Pending {
+                            state.insert((*k).to_owned(), TaskRunState::Skipped);
+                            flagged.push((*k).to_owned());
+                        }
+                    }
+                    let mut lower = reaction.satisfied.clone();
+                    for (k, n) in released_by_cancellations(graph, trigger, &cancelled) {
+                        *lower.entry(k).or_default() += n;
+                    }
+                    let mut candidates: BTreeSet<String> = BTreeSet::new();
+                    for (k, n) in lower {
+                        if state[k] != TaskRunState::Pending { continue; }
+                        let c = counter.get_mut(k).expect("a counter");
+                        prop_assert!(*c >= n, "{} lowered below zero", k);
+                        *c -= n;
+                        if *c == 0 { state.insert(k.to_owned(), TaskRunState::Ready); ready.push(k.to_owned()); }
+                        candidates.insert(k.to_owned());
+                    }
+                    candidates.extend(taken.iter().filter(|k| state[*k] == TaskRunState::Pending).cloned());
+                    for k in candidates {
+                        let task = def.task(&k).expect("a task");
+                        if !task.is_conditional() || state[&k] != TaskRunState::Pending || counter[&k] != 1 { continue; }
+                        let view: BTreeMap<String, (TaskRunState, Option<Value>)> = task
+                            .depends_on()
+                            .iter()
+                            .map(|d| (d.clone(), (state[d], (state[d] == TaskRunState::Succeeded).then(|| json!({})))))
+                            .collect();
+                        prop_assert!(view.values().all(|(s, _)| !s.is_active()), "{} decided early", k);
+                        match decide(task, &view, &run_input) {
+                            Decision::Run => {
+                                counter.insert(k.clone(), 0);
+                                state.insert(k.clone(), TaskRunState::Ready);
+                                ready.push(k);
+                            }
+                            Decision::Skip(_) => { state.insert(k.clone(), TaskRunState::Skipped); flagged.push(k); }
+                            Decision::Fail(e) => prop_assert!(false, "{} failed to evaluate: {}", k, e),
+                        }
+                    }
+                }
+                for (k, d) in keys.iter().zip(&deps) {
+                    let s = state[k];
+                    prop_assert!(!s.is_active(), "{} was left {}", k, s);
+                    let ran = matches!(s, TaskRunState::Succeeded | TaskRunState::Failed);
+                    let dep_states: Vec<TaskRunState> = d.iter().map(|d| state[d]).collect();
+                    let p = plan_of(k);
+                    let allowed = match p.trigger {
+                        Trigger::AllSucceeded => dep_states.iter().all(|s| *s == TaskRunState::Succeeded),
+                        Trigger::NoneFailed => {
+                            dep_states.iter().all(|s| matches!(s, TaskRunState::Succeeded | TaskRunState::Skipped))
+                                && (d.is_empty() || dep_states.contains(&TaskRunState::Succeeded))
+                        }
+                        Trigger::AllDone => true,
+                    };
+                    prop_assert_eq!(ran, allowed && p.when_false != Some(true), "{} is {} after {:?}", k, s, dep_states);
+                }
+            }
+        }
     }
 }

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::concurrency::Gate;
+use crate::condition::Trigger;
 use crate::graph::DependencyGraph;
 use crate::state::TaskRunState;
 
@@ -63,10 +64,13 @@ pub enum RetryRefusal {
 /// compensators ran (`compensated`: what they did was undone), and all
 /// their descendants, succeeded ones included. A task outside the set keeps
 /// its state and output; one inside is `ready` when all its dependencies
-/// are kept succeeded, else `pending` on the ones inside. Tasks come back in
-/// the graph's topological order.
+/// are kept succeeded, else `pending` on the ones inside. A kept dependency
+/// must have ended as the task's trigger runs after (for the default
+/// trigger: succeeded; docs/design/conditions.md#retries). Tasks come back
+/// in the graph's topological order.
 pub fn reset_set(
     graph: &DependencyGraph,
+    trigger: impl Fn(&str) -> Trigger,
     states: &BTreeMap<&str, TaskRunState>,
     compensated: &BTreeSet<&str>,
     from: &[String],
@@ -112,7 +116,7 @@ pub fn reset_set(
         for dependency in graph.dependencies_of(key) {
             if set.contains(dependency) {
                 pending_deps += 1;
-            } else if state_of(dependency) != TaskRunState::Succeeded {
+            } else if !trigger(key).accepts(state_of(dependency)) {
                 return Err(RetryRefusal::Stranded {
                     task: key.to_owned(),
                     dependency: dependency.to_owned(),
@@ -132,6 +136,17 @@ pub fn reset_set(
         });
     }
     Ok(resets)
+}
+
+/// Holds each conditional task of a retry set on its condition, as a start
+/// does (docs/design/conditions.md#retries): one more on its counter, and
+/// pending, so the resumed run's first pass decides it again once its
+/// dependencies have finished.
+pub fn hold_conditions(resets: &mut [Reset], conditional: impl Fn(&str) -> bool) {
+    for reset in resets.iter_mut().filter(|r| conditional(&r.key)) {
+        reset.pending_deps += 1;
+        reset.to = TaskRunState::Pending;
+    }
 }
 
 /// Holds a retry set back at the run's concurrency gates, as a start does
@@ -188,7 +203,7 @@ mod tests {
     fn a_retry_set_waits_at_the_run_gate_and_at_its_own_tasks_gates() {
         let g = graph(&[("a", &[]), ("b", &["a"]), ("c", &["b"]), ("d", &[])]);
         let s = states(&[("a", Succeeded), ("b", Failed), ("c", Cancelled), ("d", Succeeded)]);
-        let mut r = reset_set(&g, &s, &BTreeSet::new(), &[]).unwrap();
+        let mut r = reset_set(&g, |_| Trigger::AllSucceeded, &s, &BTreeSet::new(), &[]).unwrap();
         let kept = hold_at_gates(&mut r, vec![gate(None), gate(Some("c")), gate(Some("d"))]);
         assert_eq!(
             kept.iter().map(|g| g.task.as_deref()).collect::<Vec<_>>(),
@@ -198,7 +213,7 @@ mod tests {
         let held: Vec<_> = r.iter().map(|r| (r.key.as_str(), r.to, r.pending_deps)).collect();
         assert_eq!(held, [("b", Pending, 1), ("c", Pending, 2)]);
 
-        let mut ungated = reset_set(&g, &s, &BTreeSet::new(), &[]).unwrap();
+        let mut ungated = reset_set(&g, |_| Trigger::AllSucceeded, &s, &BTreeSet::new(), &[]).unwrap();
         let before = ungated.clone();
         assert!(hold_at_gates(&mut ungated, Vec::new()).is_empty());
         assert_eq!(ungated, before, "without gates a retry set is as planned");
@@ -208,7 +223,7 @@ mod tests {
     fn without_from_the_failed_and_cancelled_start_again_and_the_rest_is_kept() {
         let g = graph(&[("a", &[]), ("b", &["a"]), ("c", &["b"]), ("d", &["a"])]);
         let s = states(&[("a", Succeeded), ("b", Failed), ("c", Cancelled), ("d", Succeeded)]);
-        let r = reset_set(&g, &s, &BTreeSet::new(), &[]).unwrap();
+        let r = reset_set(&g, |_| Trigger::AllSucceeded, &s, &BTreeSet::new(), &[]).unwrap();
         assert_eq!(
             r,
             [
@@ -232,7 +247,7 @@ mod tests {
     fn from_a_succeeded_task_redoes_it_and_its_descendants() {
         let g = graph(&[("a", &[]), ("b", &["a"]), ("c", &["b"]), ("d", &["a"])]);
         let s = states(&[("a", Succeeded), ("b", Succeeded), ("c", Failed), ("d", Succeeded)]);
-        let r = reset_set(&g, &s, &BTreeSet::new(), &["b".into()]).unwrap();
+        let r = reset_set(&g, |_| Trigger::AllSucceeded, &s, &BTreeSet::new(), &["b".into()]).unwrap();
         let keys: Vec<_> = r.iter().map(|r| r.key.as_str()).collect();
         assert_eq!(keys, ["b", "c"]);
         assert_eq!((r[0].from, r[0].to), (Succeeded, Ready));
@@ -244,11 +259,11 @@ mod tests {
         let none = BTreeSet::new();
         let s = states(&[("a", Failed), ("b", Cancelled), ("c", Succeeded)]);
         assert_eq!(
-            reset_set(&g, &s, &none, &["zz".into()]),
+            reset_set(&g, |_| Trigger::AllSucceeded, &s, &none, &["zz".into()]),
             Err(RetryRefusal::UnknownTask("zz".into()))
         );
         assert_eq!(
-            reset_set(&g, &s, &none, &["b".into()]),
+            reset_set(&g, |_| Trigger::AllSucceeded, &s, &none, &["b".into()]),
             Err(RetryRefusal::Stranded {
                 task: "b".into(),
                 dependency: "a".into(),
@@ -256,8 +271,11 @@ mod tests {
             })
         );
         let compensated = BTreeSet::from(["c"]);
-        assert_eq!(reset_set(&g, &s, &compensated, &[]), Err(RetryRefusal::Compensated));
-        let ok = reset_set(&g, &s, &compensated, &["a".into()]).unwrap();
+        assert_eq!(
+            reset_set(&g, |_| Trigger::AllSucceeded, &s, &compensated, &[]),
+            Err(RetryRefusal::Compensated)
+        );
+        let ok = reset_set(&g, |_| Trigger::AllSucceeded, &s, &compensated, &["a".into()]).unwrap();
         let keys: BTreeSet<_> = ok.iter().map(|r| r.key.as_str()).collect();
         assert_eq!(
             keys,
@@ -265,10 +283,13 @@ mod tests {
             "a compensated task is redone by rule"
         );
         let all_good = states(&[("a", Succeeded), ("b", Succeeded), ("c", Succeeded)]);
-        assert_eq!(reset_set(&g, &all_good, &none, &[]), Err(RetryRefusal::NothingToRetry));
+        assert_eq!(
+            reset_set(&g, |_| Trigger::AllSucceeded, &all_good, &none, &[]),
+            Err(RetryRefusal::NothingToRetry)
+        );
         let busy = states(&[("a", Running), ("b", Pending), ("c", Succeeded)]);
         assert!(matches!(
-            reset_set(&g, &busy, &none, &[]),
+            reset_set(&g, |_| Trigger::AllSucceeded, &busy, &none, &[]),
             Err(RetryRefusal::Active { .. })
         ));
     }
@@ -315,7 +336,7 @@ mod tests {
             let g = DependencyGraph::new(tasks.iter().map(|(k, d)| (k.as_str(), d.iter().map(String::as_str)))).unwrap();
             let s: BTreeMap<&str, TaskRunState> = tasks.iter().map(|(k, _)| k.as_str()).zip(finished.iter().copied()).collect();
             let from: Vec<String> = tasks.iter().zip(&named).filter(|(_, n)| **n).map(|((k, _), _)| k.clone()).collect();
-            let Ok(resets) = reset_set(&g, &s, &BTreeSet::new(), &from) else { return Ok(()) };
+            let Ok(resets) = reset_set(&g, |_| Trigger::AllSucceeded, &s, &BTreeSet::new(), &from) else { return Ok(()) };
             let set: BTreeSet<&str> = resets.iter().map(|r| r.key.as_str()).collect();
             for r in &resets {
                 prop_assert!(task_machine().is_legal_retry(TaskTransition::Reset, r.from, r.to));
@@ -347,7 +368,7 @@ mod tests {
         fn gates_hold_back_what_the_pass_lowers((tasks, finished, named) in arb_run()) {
             let g = DependencyGraph::new(tasks.iter().map(|(k, d)| (k.as_str(), d.iter().map(String::as_str)))).unwrap();
             let s: BTreeMap<&str, TaskRunState> = tasks.iter().map(|(k, _)| k.as_str()).zip(finished.iter().copied()).collect();
-            let Ok(plan) = reset_set(&g, &s, &BTreeSet::new(), &[]) else { return Ok(()) };
+            let Ok(plan) = reset_set(&g, |_| Trigger::AllSucceeded, &s, &BTreeSet::new(), &[]) else { return Ok(()) };
             let set: BTreeSet<&str> = plan.iter().map(|r| r.key.as_str()).collect();
             let gated: BTreeSet<&str> = tasks.iter().zip(&named).filter(|(_, n)| **n).map(|((k, _), _)| k.as_str()).collect();
             let mut gates = vec![gate(None)];
@@ -365,5 +386,40 @@ mod tests {
                 prop_assert_eq!(h.pending_deps, p.pending_deps + u32::from(first) + u32::from(own), "{}", h.key);
             }
         }
+    }
+
+    #[test]
+    fn a_kept_dependency_must_have_ended_as_the_trigger_runs_after() {
+        use TaskRunState::{Failed, Skipped};
+        // a (skipped, kept) and b (failed) → j.
+        let g = graph(&[("a", &[]), ("b", &[]), ("j", &["a", "b"])]);
+        let s = states(&[("a", Skipped), ("b", Failed), ("j", TaskRunState::Cancelled)]);
+        let none = BTreeSet::new();
+        let strict = reset_set(&g, |_| Trigger::AllSucceeded, &s, &none, &[]);
+        assert!(matches!(strict, Err(RetryRefusal::Stranded { ref dependency, .. }) if dependency == "a"));
+        let join = |k: &str| {
+            if k == "j" {
+                Trigger::NoneFailed
+            } else {
+                Trigger::AllSucceeded
+            }
+        };
+        let mut resets =
+            reset_set(&g, join, &s, &none, &[]).expect("a skipped dependency is what none_failed runs after");
+        assert_eq!(
+            resets
+                .iter()
+                .map(|r| (r.key.as_str(), r.pending_deps))
+                .collect::<Vec<_>>(),
+            [("b", 0), ("j", 1)]
+        );
+        hold_conditions(&mut resets, |k| k == "j");
+        let j = &resets[1];
+        assert_eq!(
+            (j.pending_deps, j.to),
+            (2, TaskRunState::Pending),
+            "one hold more, decided again"
+        );
+        assert_eq!(resets[0].to, TaskRunState::Ready);
     }
 }

@@ -146,6 +146,7 @@ pub fn check_shape(value: &Value) -> Vec<ShapeError> {
     }
     let mut errors = fractional_integers(value);
     errors.extend(limit_keys(value));
+    errors.extend(conditions(value));
     if let Some(path) = limits::find_nul(value) {
         errors.push(ShapeError {
             path,
@@ -287,6 +288,25 @@ fn limit_keys(value: &Value) -> Vec<ShapeError> {
         .filter_map(|(path, key)| {
             let message = crate::concurrency::check_key(key.as_str()?).err()?;
             Some(ShapeError { path, message })
+        })
+        .collect()
+}
+
+/// `when` expressions that do not parse, each at its own path: the schema
+/// can only say they are strings (docs/design/conditions.md#when).
+fn conditions(value: &Value) -> Vec<ShapeError> {
+    let Some(tasks) = value.get("tasks").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    tasks
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let message = crate::condition::check(t.get("when")?.as_str()?).err()?;
+            Some(ShapeError {
+                path: format!("$.tasks[{i}].when"),
+                message: format!("not a valid expression: {message}"),
+            })
         })
         .collect()
 }

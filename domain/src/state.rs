@@ -131,6 +131,10 @@ named_enum! {
         Retrying => "retrying",
         /// Will not run: see its cancel reason. Terminal.
         Cancelled => "cancelled",
+        /// Did not run, by the definition's own rule (`when`, `trigger`):
+        /// see its skip reason. Terminal, never compensated, and counts
+        /// towards a run's success (docs/design/conditions.md).
+        Skipped => "skipped",
     }
 }
 
@@ -171,6 +175,13 @@ named_enum! {
         /// succeeded | failed | cancelled → pending | ready: the task is in an
         /// operator's retry set (a retry edge, docs/design/retry.md).
         Reset => "reset",
+        /// pending → skipped: its condition is false, or the rule of its
+        /// trigger says a skipped dependency skips it
+        /// (docs/design/conditions.md#skipping).
+        Skip => "skip",
+        /// pending → failed: its `when` could not be evaluated. Failed at
+        /// rest, so failed for good (docs/design/conditions.md#when).
+        FailCondition => "fail_condition",
     }
 }
 
@@ -181,6 +192,17 @@ named_enum! {
         User => "user",
         /// A dependency failed for good, transitively.
         UpstreamFailed => "upstream_failed",
+    }
+}
+
+named_enum! {
+    /// Why a task run was skipped (set iff its state is skipped;
+    /// docs/design/conditions.md#skipping).
+    SkipReason {
+        /// Its `when` evaluated to false.
+        ConditionFalse => "condition_false",
+        /// Its trigger rule does not run it after a skipped dependency.
+        UpstreamSkipped => "upstream_skipped",
     }
 }
 
@@ -232,6 +254,8 @@ fn task_table() -> Vec<Transition<TaskRunState, TaskTransition>> {
         edge(T::ScheduleRetry, Failed, Retrying, false),
         edge(T::RetryReady, Retrying, Ready, false),
         edge(T::CancelRetrying, Retrying, Cancelled, false),
+        edge(T::Skip, Pending, Skipped, false),
+        edge(T::FailCondition, Pending, Failed, false),
     ]
 }
 
@@ -251,10 +275,10 @@ pub fn build_run_machine() -> Result<RunMachine, crate::machine::MachineError> {
 
 /// Builds the TaskRun machine, validating its table.
 pub fn build_task_machine() -> Result<TaskMachine, crate::machine::MachineError> {
-    use TaskRunState::{Cancelled, Failed, Pending, Ready, Succeeded};
-    StateMachine::new(Pending, &[Succeeded, Cancelled], task_table())?.with_retry_edges(vec![RetryEdge {
+    use TaskRunState::{Cancelled, Failed, Pending, Ready, Skipped, Succeeded};
+    StateMachine::new(Pending, &[Succeeded, Cancelled, Skipped], task_table())?.with_retry_edges(vec![RetryEdge {
         name: TaskTransition::Reset,
-        sources: vec![Succeeded, Failed, Cancelled],
+        sources: vec![Succeeded, Failed, Cancelled, Skipped],
         targets: vec![Pending, Ready],
     }])
 }
@@ -301,7 +325,7 @@ mod tests {
         let run = build_run_machine().unwrap();
         let task = build_task_machine().unwrap();
         assert_eq!(run.transitions().len(), 5);
-        assert_eq!(task.transitions().len(), 12);
+        assert_eq!(task.transitions().len(), 14);
         assert_eq!(run.retry_edges().len(), 1);
         assert_eq!(task.retry_edges().len(), 1);
     }
@@ -326,11 +350,13 @@ mod tests {
     }
 
     #[test]
-    fn failed_is_not_terminal_but_succeeded_and_cancelled_are() {
+    fn failed_is_not_terminal_but_succeeded_cancelled_and_skipped_are() {
         let m = task_machine();
         assert!(!m.is_terminal(TaskRunState::Failed));
         assert!(m.is_terminal(TaskRunState::Succeeded));
         assert!(m.is_terminal(TaskRunState::Cancelled));
+        assert!(m.is_terminal(TaskRunState::Skipped));
+        assert!(!TaskRunState::Skipped.is_active());
     }
 
     #[test]
@@ -363,7 +389,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn random_legal_task_walks_never_leave_a_terminal_state(choices in prop::collection::vec(0usize..12, 0..64)) {
+        fn random_legal_task_walks_never_leave_a_terminal_state(choices in prop::collection::vec(0usize..14, 0..64)) {
             let m = task_machine();
             let mut state = m.initial();
             for c in choices {
@@ -394,8 +420,10 @@ mod tests {
         }
 
         #[test]
-        fn any_name_is_legal_exactly_from_its_source(t in 0usize..12, s in 0usize..7) {
+        fn any_name_is_legal_exactly_from_its_source(t in 0usize..15, s in 0usize..8) {
             let name = TaskTransition::VALUES[t];
+            // The retry edge is not in the table (names_round_trip_through_strings).
+            prop_assume!(name != TaskTransition::Reset);
             let from = TaskRunState::VALUES[s];
             let edge = task_machine().get(name).unwrap();
             prop_assert_eq!(task_machine().is_legal(name, from), edge.source == from);

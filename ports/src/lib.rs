@@ -31,10 +31,11 @@ mod tests {
     use std::collections::BTreeSet;
 
     /// The contract's sections, read as text: a case is a `pub async fn`.
-    const SECTIONS: [&str; 17] = [
+    const SECTIONS: [&str; 18] = [
         include_str!("contract/api.rs"),
         include_str!("contract/claims.rs"),
         include_str!("contract/concurrency.rs"),
+        include_str!("contract/conditions.rs"),
         include_str!("contract/definitions.rs"),
         include_str!("contract/finishing.rs"),
         include_str!("contract/generic.rs"),

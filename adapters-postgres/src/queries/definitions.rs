@@ -17,12 +17,12 @@ pub const INSERT_WORKFLOW: &str = concat!(
 /// `$2` a JSON array of task records.
 pub const INSERT_TASKS: &str = "\
 INSERT INTO task (workflow_id, key, position, task_type, depends_on, config, timeout_seconds, retry,
-                  compensate_for, max_attempts, priority)
+                  compensate_for, max_attempts, priority, when_expr, trigger_rule, conditional)
 SELECT $1, x.key, x.position, x.task_type, x.depends_on, x.config, x.timeout_seconds, x.retry,
-       x.compensate_for, x.max_attempts, x.priority
+       x.compensate_for, x.max_attempts, x.priority, x.when_expr, x.trigger_rule, x.conditional
 FROM jsonb_to_recordset($2) AS x(key text, position int4, task_type text, depends_on jsonb, config jsonb,
                                  timeout_seconds float8, retry jsonb, compensate_for text, max_attempts int4,
-                                 priority int2)";
+                                 priority int2, when_expr text, trigger_rule text, conditional bool)";
 
 /// load_definition: the workflow row. `$1` id.
 pub const LOAD_WORKFLOW: &str =
@@ -31,7 +31,8 @@ pub const LOAD_WORKFLOW: &str =
 /// load_definition: its task rows in declaration order. `$1` workflow id.
 /// Served by `uniq_task_position`.
 pub const LOAD_TASKS: &str = "\
-SELECT key, position, task_type, depends_on, config, timeout_seconds, retry, compensate_for, max_attempts, priority
+SELECT key, position, task_type, depends_on, config, timeout_seconds, retry, compensate_for, max_attempts, priority,
+       when_expr, trigger_rule
 FROM task WHERE workflow_id = $1 ORDER BY position";
 
 /// list_definitions: every definition, or the versions of `$1`, by name

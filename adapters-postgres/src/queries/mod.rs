@@ -37,8 +37,8 @@ macro_rules! event_insert {
 macro_rules! reset_set {
     () => {
         "attempt = tr.attempt + 1, attempt_base = tr.attempt, fencing_token = tr.fencing_token + 1, \
-         cancel_reason = NULL, finished_at = NULL, result = NULL, result_bytes = NULL, error = NULL, \
-         retry_at = NULL, progress = NULL, needs_pass = false"
+         cancel_reason = NULL, skip_reason = NULL, finished_at = NULL, result = NULL, result_bytes = NULL, \
+         error = NULL, retry_at = NULL, progress = NULL, needs_pass = false"
     };
 }
 

@@ -91,24 +91,79 @@ SELECT COALESCE((SELECT array_agg(task_key ORDER BY id) FROM moved), '{}') AS ke
     activity_columns!("$2", "$4")
 );
 
-/// cancel_pending: the named rows still pending (`uniq_taskrun_run_key`).
-/// `$1` offset, `$2` run, `$3` keys, `$4` reason.
-pub const CANCEL_PENDING: &str = concat!(
-    "WITH moved AS (
-    UPDATE task_run SET state = 'cancelled', cancel_reason = $4, finished_at = ",
-    now!(),
-    "
+/// A move of the named rows still pending (`uniq_taskrun_run_key`) by
+/// `$edge` to `$to`, with `$set` (the reason `$4`, and whatever else the
+/// edge sets) and its event; returns the keys moved. `$1` offset, `$2`
+/// run, `$3` keys.
+macro_rules! move_pending {
+    ($edge:literal, $to:literal, $set:literal) => {
+        concat!(
+            "WITH moved AS (
+    UPDATE task_run SET state = '",
+            $to,
+            "', ",
+            $set,
+            ", finished_at = ",
+            now!(),
+            "
     WHERE run_id = $2 AND task_key = ANY($3) AND state = 'pending'
     RETURNING id, run_id, task_key, attempt, fencing_token
 ), event AS (
     ",
-    event_insert!(),
-    "SELECT id, run_id, task_key, 'cancel_pending', 'pending', 'cancelled', attempt, fencing_token, NULL, ",
-    now!(),
-    ", NULL FROM moved ORDER BY id
+            event_insert!(),
+            "SELECT id, run_id, task_key, '",
+            $edge,
+            "', 'pending', '",
+            $to,
+            "', attempt, fencing_token, NULL, ",
+            now!(),
+            ", NULL FROM moved ORDER BY id
 )
 SELECT task_key FROM moved ORDER BY id"
+        )
+    };
+}
+
+/// cancel_pending: `$4` the reason.
+pub const CANCEL_PENDING: &str = move_pending!("cancel_pending", "cancelled", "cancel_reason = $4");
+
+/// skip_pending: `$4` the reason; each row flagged so this pass's next
+/// take_flagged reacts to it.
+pub const SKIP_PENDING: &str = move_pending!("skip", "skipped", "skip_reason = $4, needs_pass = true");
+
+/// fail_pending: `fail_condition` on the named row if still pending, with
+/// its error, flagged like [`SKIP_PENDING`]. `$1` offset, `$2` run, `$3`
+/// key, `$4` error.
+pub const FAIL_PENDING: &str = concat!(
+    "WITH moved AS (
+    UPDATE task_run SET state = 'failed', error = $4, needs_pass = true, finished_at = ",
+    now!(),
+    "
+    WHERE run_id = $2 AND task_key = $3 AND state = 'pending'
+    RETURNING id, run_id, task_key, attempt, fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, 'fail_condition', 'pending', 'failed', attempt, fencing_token, NULL, ",
+    now!(),
+    ", $4 FROM moved
+)
+SELECT count(*) > 0 FROM moved"
 );
+
+/// pending_counts: the pending forward rows among the keys, with their
+/// counters (`uniq_taskrun_run_key`). `$1` run, `$2` keys.
+pub const PENDING_COUNTS: &str = "\
+SELECT task_key, pending_deps FROM task_run
+WHERE run_id = $1 AND task_key = ANY($2) AND state = 'pending' AND compensate_for IS NULL
+ORDER BY id";
+
+/// dependency_outcomes: the run's input, then each named forward row's
+/// state and output (`uniq_taskrun_run_key`). `$1` run, `$2` keys.
+pub const DEPENDENCY_OUTCOMES: &str = "\
+SELECT (SELECT input FROM workflow_run WHERE id = $1) AS input,
+       COALESCE((SELECT jsonb_agg(jsonb_build_array(task_key, state, result) ORDER BY id) FROM task_run
+                 WHERE run_id = $1 AND task_key = ANY($2) AND compensate_for IS NULL), '[]') AS tasks";
 
 /// One CTE of [`CANCEL_WAITING`]: a user's cancel of the run's forward rows
 /// in `$state` (`taskrun_active_idx`), naming the state each left.

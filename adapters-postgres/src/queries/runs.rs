@@ -7,8 +7,10 @@
 /// [`super::LOWER_AND_PROMOTE`] on pinning a wide batch's plan). The gates
 /// (docs/design/concurrency.md#gates) become waits, and each counts as one
 /// more dependency of what it holds back: a run gate of the tasks without
-/// dependencies, a task gate of its task; a gated run is flagged for its
-/// first pass. `$1` offset, `$2` run id, `$3` workflow id, `$4` input, `$5`
+/// dependencies, a task gate of its task; a conditional task waits on one
+/// hold more, which the scheduler lowers once it has decided it
+/// (docs/design/conditions.md#deciding). A gated run, and a run with a
+/// conditional task without dependencies, is flagged for its first pass. `$1` offset, `$2` run id, `$3` workflow id, `$4` input, `$5`
 /// the run's priority, `$6` the gates as a JSON array of records.
 pub const START_RUN: &str = concat!(
     "WITH gate AS (
@@ -17,7 +19,11 @@ pub const START_RUN: &str = concat!(
     INSERT INTO workflow_run (id, workflow_id, state, input, created_at, priority, gated, needs_pass)
     SELECT $2, w.id, 'pending', $4, ",
     now!(),
-    ", $5, jsonb_array_length($6) > 0, jsonb_array_length($6) > 0 FROM workflow AS w WHERE w.id = $3
+    ", $5, jsonb_array_length($6) > 0,
+           jsonb_array_length($6) > 0
+           OR EXISTS (SELECT 1 FROM task AS c WHERE c.workflow_id = w.id AND c.conditional
+                                                AND jsonb_array_length(c.depends_on) = 0)
+    FROM workflow AS w WHERE w.id = $3
     RETURNING id, workflow_id, created_at, priority
 ), created AS (
     INSERT INTO task_run (run_id, task_key, state, pending_deps, created_at, priority)
@@ -28,7 +34,8 @@ pub const START_RUN: &str = concat!(
         SELECT jsonb_array_length(t.depends_on)
              + CASE WHEN jsonb_array_length(t.depends_on) = 0
                          AND EXISTS (SELECT 1 FROM gate WHERE gate.task IS NULL) THEN 1 ELSE 0 END
-             + CASE WHEN EXISTS (SELECT 1 FROM gate WHERE gate.task = t.key) THEN 1 ELSE 0 END AS n
+             + CASE WHEN EXISTS (SELECT 1 FROM gate WHERE gate.task = t.key) THEN 1 ELSE 0 END
+             + CASE WHEN t.conditional THEN 1 ELSE 0 END AS n
     ) AS held
     WHERE t.compensate_for IS NULL
     ORDER BY t.position
@@ -509,8 +516,8 @@ WHERE wr.id = $1"
 
 /// get_run: the task runs in creation order (`uniq_taskrun_run_key`). `$1` run.
 pub const GET_RUN_TASKS: &str = "\
-SELECT id, task_key, compensate_for, state, attempt, generation, fencing_token, priority, cancel_reason, result,
-       error, started_at, finished_at, retry_at, lease_owner, progress, created_at
+SELECT id, task_key, compensate_for, state, attempt, generation, fencing_token, priority, cancel_reason,
+       skip_reason, result, error, started_at, finished_at, retry_at, lease_owner, progress, created_at
 FROM task_run WHERE run_id = $1 ORDER BY id";
 
 /// get_run (`$2` 0, `$3` NULL) and run_events: the run's events numbered
@@ -597,14 +604,15 @@ SELECT (SELECT count(*) FROM task_run WHERE state = 'ready') AS ready,
 /// matches; its event counter row takes the new generation first, so the
 /// `resume` event and every later one carry it (the numbering trigger
 /// stamps it). A limit's cancel reason is cleared, and the gates `$4`
-/// become waits, already tried, with the run flagged for the pass that
-/// admits it (docs/design/concurrency.md#retries). `$1` run, `$2` from
-/// state, `$3` generation.
+/// become waits, already tried. The run is flagged for a first pass, which
+/// admits it past its gates (docs/design/concurrency.md#retries) and decides
+/// its conditional tasks (docs/design/conditions.md#retries). `$1` run, `$2`
+/// from state, `$3` generation.
 pub const RESUME_RUN: &str = "\
 WITH moved AS (
     UPDATE workflow_run
     SET state = 'running', generation = generation + 1, finished_at = NULL, cancel_requested_at = NULL,
-        cancel_reason = NULL, gated = jsonb_array_length($4) > 0, needs_pass = jsonb_array_length($4) > 0
+        cancel_reason = NULL, gated = jsonb_array_length($4) > 0, needs_pass = true
     WHERE id = $1 AND state = $2 AND generation = $3
     RETURNING id, generation
 ), counter AS (

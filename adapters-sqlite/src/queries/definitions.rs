@@ -6,7 +6,7 @@ pub(crate) const LOAD_DEFINITION: &str = "BEGIN; \
      SELECT 0 AS tag, id, name, version, description, fingerprint, definition, created_at FROM workflow \
      WHERE id = ?1; \
      SELECT 1 AS tag, key, task_type, depends_on, config, timeout_seconds, retry, compensate_for, max_attempts, \
-     priority FROM task WHERE workflow_id = ?1 ORDER BY position; COMMIT";
+     priority, when_expr, trigger_rule FROM task WHERE workflow_id = ?1 ORDER BY position; COMMIT";
 
 /// publish_definition in one call: the row already under (name, version),
 /// if any (tag 0); otherwise the new workflow (tag 1) and its tasks, which
@@ -21,11 +21,11 @@ pub(crate) const PUBLISH_DEFINITION: &str = concat!(
     " WHERE NOT EXISTS (SELECT 1 FROM workflow WHERE name = ?2 AND version = ?3) \
      RETURNING 1 AS tag, id, created_at; \
      INSERT INTO task (workflow_id, key, position, task_type, depends_on, config, timeout_seconds, retry, \
-     compensate_for, max_attempts, priority) \
+     compensate_for, max_attempts, priority, when_expr, trigger_rule, conditional) \
      SELECT (SELECT id FROM workflow WHERE name = ?2 AND version = ?3), j.value ->> 'key', j.key, \
      j.value ->> 'task_type', j.value -> 'depends_on', j.value -> 'config', j.value ->> 'timeout_seconds', \
      j.value -> 'retry', j.value ->> 'compensate_for', j.value ->> 'max_attempts', \
-     j.value ->> 'priority' \
+     j.value ->> 'priority', j.value ->> 'when_expr', j.value ->> 'trigger_rule', j.value ->> 'conditional' \
      FROM json_each(?7) AS j WHERE changes() = 1 ORDER BY j.key; \
      COMMIT"
 );

@@ -132,7 +132,8 @@ macro_rules! task_type_of {
 macro_rules! reset_set {
     () => {
         "attempt = attempt + 1, attempt_base = attempt, fencing_token = fencing_token + 1, cancel_reason = NULL, \
-         finished_at = NULL, result = NULL, error = NULL, retry_at = NULL, progress = NULL, needs_pass = 0"
+         skip_reason = NULL, finished_at = NULL, result = NULL, error = NULL, retry_at = NULL, progress = NULL, \
+         needs_pass = 0"
     };
 }
 

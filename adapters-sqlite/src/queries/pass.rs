@@ -217,6 +217,54 @@ pub(crate) const CANCEL_PENDING: &str = concat!(
     activity!()
 );
 
+/// skip_pending in one call: the named rows still pending, skipped and
+/// flagged so this pass's next take_flagged reacts to them. `?3` the keys,
+/// `?4` the reason.
+pub(crate) const SKIP_PENDING: &str = concat!(
+    batch_events!("skip", "pending", "skipped", pending_named!()),
+    "; UPDATE task_run SET state = 'skipped', skip_reason = ?4, needs_pass = 1, finished_at = ",
+    now!(),
+    " WHERE ",
+    pending_named!(),
+    " RETURNING 3 AS tag, id, task_key; ",
+    activity!()
+);
+
+/// fail_pending in one call: `fail_condition` on the named row (`?3` a
+/// one-key list) if still pending, with its error `?4`, flagged like
+/// [`SKIP_PENDING`].
+pub(crate) const FAIL_PENDING: &str = concat!(
+    event_insert!(),
+    "SELECT ",
+    next_event_id!(),
+    " + 1, id, run_id, task_key, 'fail_condition', 'pending', 'failed', attempt, fencing_token, NULL, ",
+    now!(),
+    ", ?4 FROM task_run WHERE ",
+    pending_named!(),
+    "; UPDATE task_run SET state = 'failed', error = ?4, needs_pass = 1, finished_at = ",
+    now!(),
+    " WHERE ",
+    pending_named!(),
+    " RETURNING 3 AS tag, id, task_key; ",
+    activity!()
+);
+
+/// pending_counts: the pending forward rows of run `?1` among the keys
+/// `?2` (`uniq_taskrun_run_key`), with their counters.
+pub(crate) const PENDING_COUNTS: &str = "\
+SELECT task_key, pending_deps FROM task_run
+WHERE run_id = ?1 AND state = 'pending' AND compensate_for IS NULL
+  AND task_key IN (SELECT value FROM json_each(?2))
+ORDER BY id";
+
+/// dependency_outcomes: the run's input (tag 0), then each named forward
+/// row's state and output (tag 1; `uniq_taskrun_run_key`). `?3` the keys.
+pub(crate) const DEPENDENCY_OUTCOMES: &str = "\
+SELECT 0 AS tag, input, NULL, NULL FROM workflow_run WHERE id = ?2;
+SELECT 1 AS tag, task_key, state, result FROM task_run
+WHERE run_id = ?2 AND compensate_for IS NULL AND task_key IN (SELECT value FROM json_each(?3))
+ORDER BY id";
+
 macro_rules! waiting {
     () => {
         "run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') \

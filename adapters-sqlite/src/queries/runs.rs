@@ -226,14 +226,15 @@ pub(crate) const GENERIC_CANCEL: &str = concat!(
 
 /// start_run: the forward tasks of a definition (immutable once
 /// published, so read outside the write).
-pub(crate) const START_TASKS: &str = "SELECT key, json_array_length(depends_on), priority FROM task \
+pub(crate) const START_TASKS: &str = "SELECT key, json_array_length(depends_on), priority, conditional FROM task \
      WHERE workflow_id = ?1 AND compensate_for IS NULL ORDER BY position";
 
 /// start_run's writes, without the transaction around them: `?2` run, `?3`
 /// workflow, `?4` input, `?5` the task rows (their pending counts include
 /// the gates that hold them back, docs/design/concurrency.md#gates), `?6`
 /// the run's priority, `?7` its gates (a JSON array; each becomes a wait,
-/// and a gated run is flagged for its first pass); the literals given (a
+/// and a gated run is flagged for its first pass, as is a run with a
+/// conditional task without dependencies); the literals given (a
 /// statement ending in `; `, each literal followed by a comma) go right
 /// after the run row. Returns the run's `created_at`, then one row per
 /// dispatch written.
@@ -243,7 +244,8 @@ macro_rules! start_writes {
             "INSERT INTO workflow_run (id, workflow_id, state, input, created_at, priority, gated, needs_pass) \
              VALUES (?2, ?3, 'pending', ?4, ",
             now!(),
-            ", ?6, json_array_length(?7) > 0, json_array_length(?7) > 0) RETURNING created_at; \
+            ", ?6, json_array_length(?7) > 0, json_array_length(?7) > 0 OR EXISTS (SELECT 1 FROM task \
+             WHERE workflow_id = ?3 AND conditional AND json_array_length(depends_on) = 0)) RETURNING created_at; \
              INSERT INTO concurrency_wait (run_id, task_key, scope, label, max, strategy) \
              SELECT ?2, j.value ->> 'task', j.value ->> 'scope', j.value ->> 'label', j.value ->> 'max', \
                     j.value ->> 'strategy' FROM json_each(?7) AS j ORDER BY j.key; ",
@@ -490,7 +492,7 @@ pub(crate) const GET_RUN: &str = concat!(
     ", w.fingerprint, r.input FROM workflow_run r JOIN workflow w ON w.id = r.workflow_id WHERE r.id = ?1; \
      SELECT 1 AS tag, json_group_array(json_object('id', id, 'task_key', task_key, 'compensate_for', compensate_for, \
      'state', state, 'attempt', attempt, 'generation', generation, 'fencing_token', fencing_token, \
-     'priority', priority, 'cancel_reason', cancel_reason, \
+     'priority', priority, 'cancel_reason', cancel_reason, 'skip_reason', skip_reason, \
      'result', result, 'error', error, 'started_at', started_at, 'finished_at', finished_at, 'retry_at', retry_at, \
      'lease_owner', lease_owner, 'progress', progress, 'created_at', created_at)) AS rows \
      FROM task_run WHERE run_id = ?1; \
@@ -555,13 +557,13 @@ pub(crate) const WORKFLOW_EXISTS: &str = "SELECT id FROM workflow WHERE id = ?1"
 /// resume_run's first call, leaving its transaction open: the run's
 /// `resume` edge (docs/design/retry.md), conditional on its state and
 /// generation, so of two concurrent retries exactly one matches; a limit's
-/// cancel reason is cleared, and a run with gates `?5` is flagged for the
-/// pass that admits it (docs/design/concurrency.md#retries). `?2` run,
+/// cancel reason is cleared, and the run is flagged for a first pass, which
+/// admits it past its gates `?5` (docs/design/concurrency.md#retries) and
+/// decides its conditional tasks (docs/design/conditions.md#retries). `?2` run,
 /// `?3` from state, `?4` generation.
 pub(crate) const RESUME_RUN: &str = "BEGIN IMMEDIATE; \
      UPDATE workflow_run SET state = 'running', generation = generation + 1, finished_at = NULL, \
-     cancel_requested_at = NULL, cancel_reason = NULL, gated = json_array_length(?5) > 0, \
-     needs_pass = json_array_length(?5) > 0 \
+     cancel_requested_at = NULL, cancel_reason = NULL, gated = json_array_length(?5) > 0, needs_pass = 1 \
      WHERE id = ?2 AND state = ?3 AND generation = ?4 RETURNING generation";
 
 /// The task runs of the retry set `?3` (`{k, f, t, d}`: key, from, to,

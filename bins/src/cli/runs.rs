@@ -284,6 +284,7 @@ fn mark(state: &str) -> &'static str {
         "succeeded" => "✓",
         "failed" => "✗",
         "cancelled" => "⊘",
+        "skipped" => "↷",
         "not_run" => "·",
         "running" => "▶",
         _ => "…",
@@ -317,7 +318,7 @@ fn render(report: &RunReport) -> String {
         if t.attempt > 1 {
             line.push_str(&format!("  {} attempts", t.attempt));
         }
-        if let Some(reason) = &t.cancel_reason {
+        if let Some(reason) = t.cancel_reason.as_ref().or(t.skip_reason.as_ref()) {
             line.push_str(&format!("  ({reason})"));
         }
         if let Some(error) = t.error.as_deref().filter(|_| t.state != "succeeded") {

@@ -8,9 +8,10 @@
 //! } ] }`. `kind` is `io` (the file could not be read; `path` is null), `json`
 //! (not JSON), `shape` (JSON Schema, including the size and nesting limits) or
 //! `graph` (graph and value rules; `path` is the `$.tasks[i]` of the task
-//! named).
+//! named). A valid file may carry `warnings` (`{ "path", "task", "message"
+//! }`): a join below a `when` that keeps the default trigger.
 //!
-//! Exit 0 when every file is valid, 2 otherwise.
+//! Exit 0 when every file is valid (warnings or not), 2 otherwise.
 
 use std::fs::File;
 use std::io::Read;
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
 use flowforge_domain::WorkflowDefinition;
+use flowforge_domain::condition;
 use flowforge_domain::definition::MAX_BODY_BYTES;
 use flowforge_domain::schema::{ParseError, Problem, parse_definition};
 use serde::Serialize;
@@ -62,6 +64,10 @@ pub(crate) struct FileReport {
     pub(crate) fingerprint: Option<String>,
     /// Every problem, in the order found (empty when valid).
     pub(crate) errors: Vec<ErrorEntry>,
+    /// What is valid but likely not meant (docs/design/conditions.md#triggers);
+    /// never a reason to refuse.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) warnings: Vec<WarningEntry>,
     /// The definition itself, when valid.
     #[serde(skip)]
     pub(crate) definition: Option<WorkflowDefinition>,
@@ -77,6 +83,17 @@ pub(crate) struct ErrorEntry {
     /// The task named, if any.
     pub(crate) task: Option<String>,
     /// What is wrong.
+    pub(crate) message: String,
+}
+
+/// One warning of a valid file.
+#[derive(Debug, Serialize)]
+pub(crate) struct WarningEntry {
+    /// JSONPath of the task: `$.tasks[i]`.
+    pub(crate) path: String,
+    /// The task.
+    pub(crate) task: String,
+    /// What looks wrong.
     pub(crate) message: String,
 }
 
@@ -118,6 +135,14 @@ pub(crate) fn check_file(path: &Path) -> FileReport {
             valid: true,
             fingerprint: Some(definition.fingerprint()),
             errors: Vec::new(),
+            warnings: condition::warnings(&definition)
+                .into_iter()
+                .map(|w| WarningEntry {
+                    path: format!("$.tasks[{}]", w.index),
+                    task: w.task,
+                    message: w.message,
+                })
+                .collect(),
             definition: Some(definition),
         },
         Err(errors) => FileReport {
@@ -125,6 +150,7 @@ pub(crate) fn check_file(path: &Path) -> FileReport {
             valid: false,
             fingerprint: None,
             errors,
+            warnings: Vec::new(),
             definition: None,
         },
     }
@@ -163,7 +189,14 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>, Vec<ErrorEntry>> {
 /// one line per error, `FILE: KIND PATH (task 'T'): MESSAGE`.
 pub(crate) fn render_text(report: &FileReport) -> String {
     if let Some(fingerprint) = &report.fingerprint {
-        return format!("✓ {}: valid (fingerprint {fingerprint})\n", report.file);
+        let mut out = format!("✓ {}: valid (fingerprint {fingerprint})\n", report.file);
+        for w in &report.warnings {
+            out.push_str(&format!(
+                "{}: warning {} (task '{}'): {}\n",
+                report.file, w.path, w.task, w.message
+            ));
+        }
+        return out;
     }
     let mut out = String::new();
     for e in &report.errors {
@@ -208,6 +241,7 @@ mod tests {
                 entry("graph", Some("$.tasks[1]"), Some("a"), "duplicate task key 'a'"),
                 entry("io", None, None, "cannot read file: gone"),
             ],
+            warnings: Vec::new(),
             definition: None,
         };
         assert_eq!(

@@ -11,6 +11,7 @@
 //! drives the web UI in a headless chromium.
 
 mod browser;
+mod conditions;
 mod distributed;
 mod examples;
 mod graph;

@@ -16,7 +16,7 @@ use crate::run::{SCHEMA, Workdir, check_report_consistency, task};
 use crate::{Outcome, assert_schema_valid};
 
 /// Where a run is stored.
-enum Db {
+pub(crate) enum Db {
     /// The working folder's default SQLite file.
     Sqlite,
     /// A PostgreSQL database of the test's own.
@@ -26,7 +26,7 @@ enum Db {
 impl Db {
     /// Every store the tests run against (PostgreSQL unless it is
     /// unreachable and not required).
-    fn all() -> Vec<Self> {
+    pub(crate) fn all() -> Vec<Self> {
         let mut dbs = vec![Self::Sqlite];
         if let Some(url) = postgres_url() {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -38,7 +38,7 @@ impl Db {
         dbs
     }
 
-    fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Self::Sqlite => "sqlite",
             Self::Postgres(_) => "postgres",
@@ -46,7 +46,7 @@ impl Db {
     }
 
     /// `flowforge run FILE --output json ARGS…` on this store.
-    fn run(&self, w: &Workdir, file: &Path, args: &[&str]) -> Outcome {
+    pub(crate) fn run(&self, w: &Workdir, file: &Path, args: &[&str]) -> Outcome {
         let mut all: Vec<OsString> = vec!["run".into(), file.into(), "--output".into(), "json".into()];
         if let Self::Postgres(db) = self {
             all.extend(["--db".into(), db.url.clone().into()]);

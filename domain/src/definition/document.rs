@@ -3,6 +3,7 @@
 
 use super::RetrySpec;
 use crate::concurrency::{RunLimit, TaskLimit};
+use crate::condition::Trigger;
 use crate::priority::Priority;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -48,6 +49,14 @@ pub struct TaskDocument {
     /// Its concurrency limit (docs/design/concurrency.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<TaskLimit>,
+    /// Its condition, a CEL expression over `{inputs, run_input}`
+    /// (docs/design/conditions.md#when).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
+    /// Which dependency outcomes let it run; `all_succeeded` when absent
+    /// (docs/design/conditions.md#triggers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<Trigger>,
 }
 
 /// A definition document as written (after the shape check).

@@ -101,6 +101,14 @@ pub enum DefinitionError {
         /// What is wrong.
         problem: String,
     },
+    /// A `when` or `trigger` where the engine cannot honour it.
+    #[error("task '{task}': {problem}")]
+    InvalidCondition {
+        /// The task.
+        task: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// No forward task at all (only compensators).
     #[error("a workflow needs at least one task that is not a compensation task")]
     NoForwardTasks,
@@ -115,6 +123,7 @@ impl DefinitionError {
             Self::Graph(g) => Some(g.task()),
             Self::BlankTaskType { task }
             | Self::InvalidConfig { task, .. }
+            | Self::InvalidCondition { task, .. }
             | Self::DependsOnCompensator { task, .. }
             | Self::CompensatorHasDependencies { task }
             | Self::CompensatesItself { task }

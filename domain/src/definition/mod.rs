@@ -267,6 +267,18 @@ impl WorkflowDefinition {
                 }
             }
         }
+        if !concurrency.is_empty() {
+            for (i, t) in tasks.iter().enumerate().filter(|(_, t)| t.is_conditional()) {
+                errors.push(at(
+                    i,
+                    DefinitionError::InvalidCondition {
+                        task: t.key().to_owned(),
+                        problem: "`when` and `trigger` cannot be used yet in a workflow with concurrency limits"
+                            .to_owned(),
+                    },
+                ));
+            }
+        }
         if !tasks.iter().any(|t| !t.is_compensator()) {
             errors.push(LocatedError {
                 index: None,
@@ -313,6 +325,12 @@ impl WorkflowDefinition {
     pub fn defaults(&self) -> &Defaults {
         &self.defaults
     }
+    /// Whether any task has a `when` or a trigger of its own
+    /// (docs/design/conditions.md): only then does a pass decide tasks.
+    pub fn has_conditions(&self) -> bool {
+        self.tasks.iter().any(TaskDefinition::is_conditional)
+    }
+
     /// Its run-level concurrency limits (docs/design/concurrency.md).
     pub fn concurrency(&self) -> &[RunLimit] {
         &self.concurrency

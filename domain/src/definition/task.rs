@@ -4,6 +4,7 @@ use serde_json::{Map, Value};
 
 use super::{DefinitionError, MAX_ATTEMPTS, MAX_BACKOFF, MAX_NESTING, MAX_SECONDS, RetrySpec, TaskDocument};
 use crate::concurrency::{self, TaskLimit};
+use crate::condition::Trigger;
 use crate::graph::GraphError;
 use crate::priority::Priority;
 
@@ -71,6 +72,25 @@ impl TaskDefinition {
                 });
             }
         }
+        if let Some(problem) = doc.when.as_deref().and_then(|w| crate::condition::check(w).err()) {
+            errors.push(DefinitionError::InvalidCondition {
+                task: task.clone(),
+                problem: format!("`when` is not a valid expression: {problem}"),
+            });
+        }
+        if doc.compensate_for.is_some() && (doc.when.is_some() || doc.trigger.is_some()) {
+            errors.push(DefinitionError::InvalidCondition {
+                task: task.clone(),
+                problem: "a compensation task cannot declare `when` or `trigger`: a rollback step always runs"
+                    .to_owned(),
+            });
+        }
+        if doc.concurrency.is_some() && (doc.when.is_some() || doc.trigger.is_some()) {
+            errors.push(DefinitionError::InvalidCondition {
+                task: task.clone(),
+                problem: "a task with `when` or `trigger` cannot declare its own concurrency limit yet".to_owned(),
+            });
+        }
         let place = format!("task '{task}'");
         check_settings(
             Some(&task),
@@ -98,6 +118,8 @@ impl TaskDefinition {
             compensate_for: None,
             priority: None,
             concurrency: None,
+            when: None,
+            trigger: None,
         })
     }
 
@@ -137,6 +159,23 @@ impl TaskDefinition {
     /// Its concurrency limit, when the definition gives one.
     pub fn concurrency(&self) -> Option<&TaskLimit> {
         self.doc.concurrency.as_ref()
+    }
+
+    /// Its `when` expression, as written.
+    pub fn when(&self) -> Option<&str> {
+        self.doc.when.as_deref()
+    }
+
+    /// Its trigger rule (`all_succeeded` when not written).
+    pub fn trigger(&self) -> Trigger {
+        self.doc.trigger.unwrap_or_default()
+    }
+
+    /// Whether the scheduler decides it once its dependencies finish,
+    /// rather than promoting it when they all succeed: it has a `when` or
+    /// a trigger other than the default (docs/design/conditions.md#deciding).
+    pub fn is_conditional(&self) -> bool {
+        self.doc.when.is_some() || self.trigger() != Trigger::AllSucceeded
     }
     /// Whether it is a compensator (outside the forward DAG).
     pub fn is_compensator(&self) -> bool {

@@ -279,8 +279,14 @@ pub async fn a_retried_run_waits_at_its_gates_again<F: StoreFactory>(factory: &F
 
     let detail = s.get_run(retried).await.expect("get_run").expect("the run");
     let states: BTreeMap<&str, TaskRunState> = detail.tasks.iter().map(|t| (t.key.as_str(), t.state)).collect();
-    let mut resets =
-        reset_set(p.definition.graph(), &states, &BTreeSet::new(), &[]).expect("a cancelled run is retried");
+    let mut resets = reset_set(
+        p.definition.graph(),
+        |_| flowforge_domain::condition::Trigger::AllSucceeded,
+        &states,
+        &BTreeSet::new(),
+        &[],
+    )
+    .expect("a cancelled run is retried");
     let gates = hold_at_gates(
         &mut resets,
         concurrency::resolve(&p.definition, &key).expect("the key resolves"),

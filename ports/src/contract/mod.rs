@@ -134,6 +134,8 @@ macro_rules! store_contract_tests {
             the_strategies_cancel_the_newest_or_the_oldest_holder_with_their_reason,
             a_retried_run_waits_at_its_gates_again,
             waiting_work_ages_ahead_of_later_urgent_work,
+            a_conditional_task_waits_on_a_hold_and_comes_back_as_written,
+            skips_and_condition_failures_flag_what_they_move,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
@@ -154,6 +156,7 @@ const WAKE: Duration = Duration::from_secs(5);
 mod api;
 mod claims;
 mod concurrency;
+mod conditions;
 mod definitions;
 mod finishing;
 mod generic;
@@ -172,6 +175,7 @@ mod retry;
 pub use api::*;
 pub use claims::*;
 pub use concurrency::*;
+pub use conditions::*;
 pub use definitions::*;
 pub use finishing::*;
 pub use generic::*;

@@ -405,7 +405,11 @@ async fn pass_both<S: Store>(
     );
 
     let flagged = p.take_flagged().await.expect("take_flagged");
-    let reaction = plan::react(def.graph(), flagged.iter().map(|t| (t.key.as_str(), t.state)));
+    let reaction = plan::react(
+        def.graph(),
+        |k| def.task(k).map(|t| t.trigger()).unwrap_or_default(),
+        flagged.iter().map(|t| (t.key.as_str(), t.state)),
+    );
     let reacted = model.take_flagged();
     for (keys, (expected, reason)) in [&reaction.upstream_failed, &reaction.upstream_cancelled]
         .into_iter()

@@ -252,6 +252,7 @@ pub async fn tally_and_succeeded_keys_count_forward_tasks<F: StoreFactory>(facto
         failed: 1,
         cancelled_by_user: 1,
         cancelled_upstream: 1,
+        skipped: 0,
         any_started: true,
     };
     assert_eq!(tally, expected, "the compensator is not a forward task");

@@ -18,10 +18,10 @@ pub use error::{
 };
 pub use tokens::{NewToken, TokenError, TokenStatus, TokenStore, TokenView};
 pub use values::{
-    Activity, CancelOutcome, Claim, DefinitionSummary, EventView, FinishResult, GateCheck, Gauges, IdempotencyKey,
-    KeyedStart, LeaseStatus, LockedRun, NewRun, PassTask, Published, Reaped, RunCursor, RunDetail, RunQuery, RunSet,
-    RunSummary, Scope, StartOptions, TaskInputs, TaskOutcome, TaskRunView, Wait, WorkerInfo, WorkerRegistration,
-    mark_blocked,
+    Activity, CancelOutcome, Claim, DefinitionSummary, DependencyOutcomes, EventView, FinishResult, GateCheck, Gauges,
+    IdempotencyKey, KeyedStart, LeaseStatus, LockedRun, NewRun, PassTask, Published, Reaped, RunCursor, RunDetail,
+    RunQuery, RunSet, RunSummary, Scope, StartOptions, TaskInputs, TaskOutcome, TaskRunView, Wait, WorkerInfo,
+    WorkerRegistration, mark_blocked,
 };
 
 use std::collections::BTreeSet;
@@ -31,7 +31,7 @@ use std::time::Duration;
 use flowforge_domain::concurrency::Gate;
 use flowforge_domain::derive::TaskTally;
 use flowforge_domain::retry::Reset;
-use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState, WorkflowDefinition};
+use flowforge_domain::{CancelReason, RunState, RunTransition, SkipReason, TaskRunState, WorkflowDefinition};
 use serde_json::Value;
 
 use crate::ids::{DispatchId, RunId, TaskRunId, WorkerId, WorkflowId};
@@ -415,6 +415,32 @@ pub trait RunPass: Send + 'static {
         &mut self,
         done: &[(String, u32)],
     ) -> impl Future<Output = Result<Vec<String>, Error>> + Send;
+
+    /// Applies `skip` with `reason` to those of `keys` still pending, and
+    /// flags each, so that [`RunPass::take_flagged`] in this very pass
+    /// returns it and the pass reacts to it in turn. Returns the keys
+    /// skipped.
+    fn skip_pending(
+        &mut self,
+        keys: &[String],
+        reason: SkipReason,
+    ) -> impl Future<Output = Result<Vec<String>, Error>> + Send;
+
+    /// Applies `fail_condition` to `key` if it is still pending, storing
+    /// `error` and flagging it like [`RunPass::skip_pending`]. Returns
+    /// whether it moved.
+    fn fail_pending(&mut self, key: &str, error: &str) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// The pending forward rows among `keys`, with their counts of
+    /// unsatisfied dependencies.
+    fn pending_counts(&mut self, keys: &[String]) -> impl Future<Output = Result<Vec<(String, u32)>, Error>> + Send;
+
+    /// The run's input and the state and output of each forward row among
+    /// `keys`, as of now in the transaction.
+    fn dependency_outcomes(
+        &mut self,
+        keys: &[String],
+    ) -> impl Future<Output = Result<DependencyOutcomes, Error>> + Send;
 
     /// Applies `retry_ready` (with an outbox row) to every retrying row
     /// whose `retry_at ≤ store now`. Returns their keys.

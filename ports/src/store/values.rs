@@ -8,7 +8,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use flowforge_domain::concurrency::{Gate, Strategy};
 use flowforge_domain::limits::{self, Refusal, ValueKind};
-use flowforge_domain::{CancelReason, Priority, RunState, TaskRunState, TaskTransition, WorkflowDefinition};
+use flowforge_domain::{
+    CancelReason, Priority, RunState, SkipReason, TaskRunState, TaskTransition, WorkflowDefinition,
+};
 use serde_json::{Map, Value};
 
 use crate::ids::{RunId, TaskRunId, WorkerId, WorkflowId};
@@ -273,6 +275,17 @@ pub struct PassTask {
     pub compensate_for: Option<String>,
 }
 
+/// What the dependencies of conditional tasks did, for the pass to decide
+/// them (docs/design/conditions.md#deciding).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DependencyOutcomes {
+    /// The run's input.
+    pub run_input: Value,
+    /// Each asked-for forward task run: `(key, state, output)`, the output
+    /// present iff it succeeded.
+    pub tasks: Vec<(String, TaskRunState, Option<Value>)>,
+}
+
 /// The run a pass holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockedRun {
@@ -351,6 +364,8 @@ pub struct TaskRunView {
     pub blocked_by: Option<String>,
     /// Why it was cancelled.
     pub cancel_reason: Option<CancelReason>,
+    /// Why it was skipped (docs/design/conditions.md#skipping).
+    pub skip_reason: Option<SkipReason>,
     /// Output, once succeeded.
     pub output: Option<Value>,
     /// Last error.
