@@ -160,6 +160,7 @@ export class Dag {
     // A pending task's reason is what holds it back besides its
     // dependencies: `concurrency:<key>` (docs/design/concurrency.md).
     const label = state === "cancelled" && reason === "upstream_failed" ? "cancelled: upstream failed"
+      : state === "skipped" && reason ? `skipped: ${reason.replace("_", " ")}`
       : state === "pending" && reason ? `waiting for ${reason}` : look.label;
     el.querySelector(".icon").textContent = look.icon;
     el.querySelector(".label").textContent = label;

@@ -39,7 +39,8 @@ export const TERMINAL = new Set(["succeeded", "failed", "cancelled", "skipped"])
 /** A state badge: icon and label, coloured by `data-state`. */
 export function badge(state, reason) {
   const look = STATES[state] ?? { icon: "?", label: state };
-  const label = state === "cancelled" && reason === "upstream_failed" ? "cancelled (upstream failed)" : look.label;
+  const label = state === "cancelled" && reason === "upstream_failed" ? "cancelled (upstream failed)"
+    : state === "skipped" && reason ? `skipped (${reason.replace("_", " ")})` : look.label;
   return h("span", { class: "badge", "data-state": state, "data-reason": reason ?? undefined },
     h("span", { class: "icon", "aria-hidden": "true" }, look.icon), " ", label);
 }

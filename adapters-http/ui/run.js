@@ -36,7 +36,7 @@ export function mount(id) {
 
   const states = (r) => {
     const map = new Map();
-    for (const t of r.tasks) map.set(t.key, { state: t.state, reason: t.cancel_reason ?? t.blocked_by ?? undefined });
+    for (const t of r.tasks) map.set(t.key, { state: t.state, reason: t.cancel_reason ?? t.skip_reason ?? t.blocked_by ?? undefined });
     for (const c of r.compensations) map.set(c.key, { state: c.state });
     return map;
   };
@@ -126,9 +126,9 @@ export function mount(id) {
   const onEvent = (e) => {
     events.push(e);
     if (e.task) {
-      dag.set(e.task, e.to, e.to === "cancelled" ? dag.states.get(e.task)?.reason : undefined);
-      // Events do not say why a task was cancelled; the report does.
-      if (e.to === "cancelled") later("refresh", 300, refresh);
+      dag.set(e.task, e.to, e.to === "cancelled" || e.to === "skipped" ? dag.states.get(e.task)?.reason : undefined);
+      // Events do not say why a task was cancelled or skipped; the report does.
+      if (e.to === "cancelled" || e.to === "skipped") later("refresh", 300, refresh);
       if (e.task === open) later("panel", 300, () => showTask(open));
     } else {
       run.state = e.to;

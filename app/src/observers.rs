@@ -5,6 +5,7 @@ use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
+use flowforge_domain::SkipReason;
 use flowforge_ports::{Observer, RunEvent, TaskEvent};
 
 use crate::registry::panic_message;
@@ -48,6 +49,10 @@ impl Observers {
     /// `on_task_retry` on every observer.
     pub fn task_retry(&self, e: &TaskEvent) {
         self.each("on_task_retry", |o| o.on_task_retry(e));
+    }
+    /// `on_task_skipped` on every observer.
+    pub fn task_skipped(&self, e: &TaskEvent, reason: SkipReason) {
+        self.each("on_task_skipped", |o| o.on_task_skipped(e, reason));
     }
     /// `on_workflow_done` on every observer.
     pub fn workflow_done(&self, e: &RunEvent) {

@@ -291,7 +291,7 @@ impl<S: Store> Scheduler<S> {
                 let keys: Vec<String> = reaction.upstream_skipped.iter().map(|k| (*k).to_owned()).collect();
                 let skipped = pass.skip_pending(&keys, SkipReason::UpstreamSkipped).await?;
                 reflagged |= !skipped.is_empty();
-                self.skipped(run, &skipped, SkipReason::UpstreamSkipped);
+                self.skipped(run, def, &skipped, SkipReason::UpstreamSkipped);
             }
             if header.cancel_requested {
                 if first_round {
@@ -458,7 +458,7 @@ impl<S: Store> Scheduler<S> {
                 Decision::Skip(reason) => {
                     let skipped = pass.skip_pending(std::slice::from_ref(&key), reason).await?;
                     decided.reflagged |= !skipped.is_empty();
-                    self.skipped(run, &skipped, reason);
+                    self.skipped(run, def, &skipped, reason);
                 }
                 Decision::Fail(error) => {
                     if pass.fail_pending(&key, &error).await? {
@@ -481,9 +481,21 @@ impl<S: Store> Scheduler<S> {
         Ok(decided)
     }
 
-    fn skipped(&self, run: RunId, keys: &[String], reason: SkipReason) {
+    /// Logs and reports the tasks a pass skipped.
+    fn skipped(&self, run: RunId, def: &WorkflowDefinition, keys: &[String], reason: SkipReason) {
         for key in keys {
             tracing::info!(run_id = %run, task_key = %key, %reason, "task skipped");
+            let event = TaskEvent {
+                run_id: run,
+                task_key: key.clone(),
+                task_type: def.task(key).map(|t| t.task_type().to_owned()).unwrap_or_default(),
+                compensate_for: None,
+                attempt: 1,
+                output: None,
+                error: None,
+                retry_in: None,
+            };
+            self.observers.task_skipped(&event, reason);
         }
     }
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use flowforge_domain::RunState;
+use flowforge_domain::{RunState, SkipReason};
 use serde_json::Value;
 
 use crate::ids::RunId;
@@ -56,6 +56,9 @@ pub trait Observer: Send + Sync + 'static {
     fn on_task_failed(&self, _event: &TaskEvent) {}
     /// An attempt failed and the task waits to retry.
     fn on_task_retry(&self, _event: &TaskEvent) {}
+    /// A task was skipped by its `when` or its trigger, for `reason`
+    /// (docs/design/conditions.md#skipping); it never ran.
+    fn on_task_skipped(&self, _event: &TaskEvent, _reason: SkipReason) {}
     /// A run reached a terminal state (after any rollback).
     fn on_workflow_done(&self, _event: &RunEvent) {}
 }

@@ -921,3 +921,98 @@ async fn the_upgrade_numbers_the_history_already_written() {
     let next = store.run_events(run, 3, 10).await.expect("run_events");
     assert_eq!(numbered(&next), [(4, "claim".to_owned())]);
 }
+
+/// The upgrade that rebuilds `task_run` for the `skipped` state
+/// (docs/design/conditions.md#skipping) keeps every row, its id, its events
+/// and its dispatches, leaves no foreign key dangling, and the run goes on.
+#[tokio::test]
+async fn the_rebuild_for_skipped_task_runs_keeps_every_row_and_reference() {
+    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let dir = tempfile::tempdir().expect("a temp folder");
+    let before = dir.path().join("migrations");
+    std::fs::create_dir(&before).expect("a folder");
+    for entry in std::fs::read_dir(&folder).expect("the migrations") {
+        let name = entry.expect("an entry").file_name();
+        if name.to_string_lossy().as_ref() < "20261206000001" {
+            std::fs::copy(folder.join(&name), before.join(&name)).expect("copy");
+        }
+    }
+    let path = dir.path().join("old.db");
+    let mut conn = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .foreign_keys(true)
+        .connect()
+        .await
+        .expect("a new file");
+    sqlx::migrate::Migrator::new(before.as_path())
+        .await
+        .expect("the migrations before conditions")
+        .run(&mut conn)
+        .await
+        .expect("applied");
+    sqlx::raw_sql(
+        "INSERT INTO workflow VALUES (1, 'w', 1, '', printf('%064d', 0), '{}', 0);
+         INSERT INTO task (workflow_id, key, position, task_type, depends_on, max_attempts)
+         VALUES (1, 'a', 0, 'noop', '[]', 1), (1, 'b', 1, 'noop', '[\"a\"]', 1);
+         INSERT INTO workflow_run (id, workflow_id, state, input, created_at, started_at)
+         VALUES ('00000000-0000-7000-8000-000000000001', 1, 'running', '{}', 0, 0);
+         INSERT INTO task_run (id, run_id, task_key, state, pending_deps, created_at, started_at, finished_at, result,
+                               attempt, fencing_token)
+         VALUES (7, '00000000-0000-7000-8000-000000000001', 'a', 'succeeded', 0, 0, 0, 1, '{\"n\": 1}', 1, 1);
+         INSERT INTO task_run (id, run_id, task_key, state, pending_deps, created_at, attempt, fencing_token)
+         VALUES (9, '00000000-0000-7000-8000-000000000001', 'b', 'ready', 0, 0, 1, 0);
+         INSERT INTO task_run_event (id, task_run_id, run_id, task_key, transition, from_state, to_state, attempt,
+                                     fencing_token, at)
+         VALUES (1, 7, '00000000-0000-7000-8000-000000000001', 'a', 'claim', 'ready', 'running', 1, 1, 0),
+                (2, 7, '00000000-0000-7000-8000-000000000001', 'a', 'succeed', 'running', 'succeeded', 1, 1, 1),
+                (3, 9, '00000000-0000-7000-8000-000000000001', 'b', 'dependencies_satisfied', 'pending', 'ready',
+                 1, 0, 1);
+         INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+         VALUES (9, '00000000-0000-7000-8000-000000000001', 'b', 'noop', 0, 1);",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("a run half done");
+    conn.close().await.expect("close");
+
+    let store = open(&path).await;
+    let run: flowforge_ports::RunId = "00000000-0000-7000-8000-000000000001".parse().expect("a run id");
+    let detail = store.get_run(run).await.expect("get_run").expect("the run");
+    let rows: Vec<(i64, &str, TaskRunState)> = detail.tasks.iter().map(|t| (t.id.0, t.key.as_str(), t.state)).collect();
+    assert_eq!(rows, [(7, "a", TaskRunState::Succeeded), (9, "b", TaskRunState::Ready)]);
+    assert_eq!(detail.tasks[0].output, Some(json!({"n": 1})));
+    assert_eq!(detail.events.len(), 3, "{:?}", detail.events);
+    let mut conn = raw(&path).await;
+    let dangling: Vec<(String, i64)> = sqlx::query_as("SELECT \"table\", rowid FROM pragma_foreign_key_check")
+        .fetch_all(&mut conn)
+        .await
+        .expect("foreign_key_check");
+    assert!(dangling.is_empty(), "{dangling:?}");
+    let left: Vec<String> = sqlx::query_scalar("SELECT name FROM sqlite_master WHERE name LIKE '%_next'")
+        .fetch_all(&mut conn)
+        .await
+        .expect("tables");
+    assert!(left.is_empty(), "{left:?}");
+    conn.close().await.expect("close");
+    let claimed = store
+        .claim_task_run(
+            flowforge_ports::TaskRunId(9),
+            0,
+            &WorkerId("w".into()),
+            Duration::from_secs(300),
+        )
+        .await
+        .expect("claim")
+        .expect("the claim wins");
+    let done = store
+        .finish_task_run(
+            claimed.task_run_id,
+            claimed.token,
+            &WorkerId("w".into()),
+            flowforge_ports::TaskOutcome::Succeeded { output: json!({}) },
+        )
+        .await
+        .expect("finish");
+    assert_eq!(done, flowforge_ports::FinishResult::Recorded(TaskRunState::Succeeded));
+}

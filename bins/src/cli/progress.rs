@@ -7,6 +7,7 @@ use std::io::IsTerminal;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use flowforge_domain::SkipReason;
 use flowforge_ports::{Observer, RunEvent, TaskEvent};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -16,6 +17,7 @@ enum Shown {
     Retrying,
     Succeeded,
     Failed,
+    Skipped,
 }
 
 #[derive(Debug, Default)]
@@ -71,7 +73,7 @@ impl Progress {
         let mut tally = self.tally.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         tally.set(key, to);
         if let Some(bar) = &self.bar {
-            bar.set_position(tally.count(Shown::Succeeded) + tally.count(Shown::Failed));
+            bar.set_position(tally.count(Shown::Succeeded) + tally.count(Shown::Failed) + tally.count(Shown::Skipped));
             bar.set_message(format!(
                 "{} running · {} succeeded · {} retrying · {} failed",
                 tally.count(Shown::Running),
@@ -138,6 +140,11 @@ impl Observer for Progress {
             e.error.as_deref().unwrap_or(""),
             e.retry_in.unwrap_or_default().as_secs_f64()
         ));
+    }
+
+    fn on_task_skipped(&self, e: &TaskEvent, reason: SkipReason) {
+        self.update(&e.task_key, Shown::Skipped);
+        self.line(&format!("skipped  {} ({reason})", name(e)));
     }
 
     fn on_workflow_done(&self, e: &RunEvent) {

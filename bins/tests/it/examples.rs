@@ -103,7 +103,7 @@ fn the_etl_example_runs_end_to_end_with_posix_sh() {
 
 #[test]
 fn the_examples_use_only_built_in_task_types() {
-    for name in ["diamond", "etl", "saga"] {
+    for name in ["diamond", "etl", "release", "saga"] {
         let path = root().join(format!("examples/{name}.json"));
         let definition: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("JSON");
         for task in definition["tasks"].as_array().expect("tasks") {

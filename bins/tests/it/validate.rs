@@ -8,7 +8,12 @@ use predicates::prelude::*;
 
 use crate::{Files, assert_schema_valid, flowforge, run};
 
-const EXAMPLES: [&str; 3] = ["examples/diamond.json", "examples/etl.json", "examples/saga.json"];
+const EXAMPLES: [&str; 4] = [
+    "examples/diamond.json",
+    "examples/etl.json",
+    "examples/release.json",
+    "examples/saga.json",
+];
 
 #[test]
 fn every_example_is_valid() {
@@ -21,18 +26,26 @@ fn every_example_is_valid() {
         );
         assert!(out.stderr.is_empty(), "{out:?}");
     }
-    let all = run(["validate", EXAMPLES[0], EXAMPLES[1], EXAMPLES[2]]);
+    let all = run(["validate", EXAMPLES[0], EXAMPLES[1], EXAMPLES[2], EXAMPLES[3]]);
     assert_eq!(all.code, 0, "{all:?}");
-    assert_eq!(all.stdout.lines().count(), 3);
+    assert_eq!(all.stdout.lines().count(), 4);
 }
 
 #[test]
 fn the_json_report_of_the_examples_matches_its_schema() {
-    let out = run(["validate", "--output", "json", EXAMPLES[0], EXAMPLES[1], EXAMPLES[2]]);
+    let out = run([
+        "validate",
+        "--output",
+        "json",
+        EXAMPLES[0],
+        EXAMPLES[1],
+        EXAMPLES[2],
+        EXAMPLES[3],
+    ]);
     assert_eq!(out.code, 0, "{out:?}");
     let report = assert_schema_valid("validate-report.schema.json", &out.stdout);
     let files = report["files"].as_array().unwrap();
-    assert_eq!(files.len(), 3);
+    assert_eq!(files.len(), 4);
     for (file, name) in files.iter().zip(EXAMPLES) {
         assert_eq!(file["file"], name);
         assert_eq!(file["valid"], true);
