@@ -50,6 +50,9 @@ pub struct WorkflowDefinition {
     graph: DependencyGraph,
     /// forward key → index of its compensator in `tasks`.
     compensators: BTreeMap<String, usize>,
+    /// Whether any task has a `when` or a trigger of its own: asked by
+    /// every scheduler pass, so answered without a walk of the tasks.
+    conditional: bool,
 }
 
 impl PartialEq for WorkflowDefinition {
@@ -296,6 +299,7 @@ impl WorkflowDefinition {
             let index = by_key.get(e.task()).copied();
             DefinitionErrors(vec![LocatedError { index, error: e.into() }])
         })?;
+        let conditional = tasks.iter().any(TaskDefinition::is_conditional);
         Ok(Self {
             name,
             version,
@@ -306,6 +310,7 @@ impl WorkflowDefinition {
             by_key,
             graph,
             compensators,
+            conditional,
         })
     }
 
@@ -328,7 +333,7 @@ impl WorkflowDefinition {
     /// Whether any task has a `when` or a trigger of its own
     /// (docs/design/conditions.md): only then does a pass decide tasks.
     pub fn has_conditions(&self) -> bool {
-        self.tasks.iter().any(TaskDefinition::is_conditional)
+        self.conditional
     }
 
     /// Its run-level concurrency limits (docs/design/concurrency.md).
