@@ -11,6 +11,7 @@
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::condition::Trigger;
 use crate::definition::{Defaults, RetrySpec, TaskDefinition, WorkflowDefinition};
 
 fn retry(spec: Option<&RetrySpec>) -> Value {
@@ -43,6 +44,15 @@ fn task(t: &TaskDefinition) -> Value {
     }
     if let Some(limit) = t.concurrency() {
         task["concurrency"] = json!({"key": limit.key, "max": limit.max});
+    }
+    // Absent unless set, so the fingerprints of definitions without them
+    // stay as they were; the default trigger written out means the same as
+    // none (docs/design/conditions.md).
+    if let Some(when) = t.when() {
+        task["when"] = json!(when);
+    }
+    if t.trigger() != Trigger::AllSucceeded {
+        task["trigger"] = json!(t.trigger().as_str());
     }
     task
 }
@@ -162,6 +172,24 @@ mod tests {
         let mut with_priority = base();
         with_priority["tasks"][0]["priority"] = json!(9);
         assert_ne!(def(with_priority).fingerprint(), original);
+        let mut with_when = base();
+        with_when["tasks"][1]["when"] = json!("run_input.go");
+        let when = def(with_when.clone()).fingerprint();
+        assert_ne!(when, original);
+        with_when["tasks"][1]["when"] = json!("!run_input.go");
+        assert_ne!(def(with_when).fingerprint(), when, "another condition");
+        let mut with_trigger = base();
+        with_trigger["tasks"][1]["trigger"] = json!("all_done");
+        let all_done = def(with_trigger.clone()).fingerprint();
+        assert_ne!(all_done, original);
+        with_trigger["tasks"][1]["trigger"] = json!("none_failed");
+        assert_ne!(def(with_trigger.clone()).fingerprint(), all_done);
+        with_trigger["tasks"][1]["trigger"] = json!("all_succeeded");
+        assert_eq!(
+            def(with_trigger).fingerprint(),
+            original,
+            "all_succeeded is the default"
+        );
         let mut limited = base();
         limited["concurrency"] = json!([{"key": "$.k", "max": 1}]);
         let with_run_limit = def(limited.clone()).fingerprint();
