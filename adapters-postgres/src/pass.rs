@@ -294,7 +294,13 @@ impl RunPass for PgRunPass {
             .map_err(|e| corrupt(format!("run {}: dependency outcomes: {e}", self.run.id)))?;
         let tasks = tasks
             .into_iter()
-            .map(|(key, state, output)| Ok((key, parse_name(&state, "task_run.state")?, output)))
+            .map(|(key, state, output)| {
+                let state: TaskRunState = parse_name(&state, "task_run.state")?;
+                // A JSON null inside the array reads back as no value; a
+                // succeeded row always has its output, null included.
+                let output = output.or_else(|| (state == TaskRunState::Succeeded).then_some(Value::Null));
+                Ok((key, state, output))
+            })
             .collect::<Result<_, store::Error>>()?;
         Ok(DependencyOutcomes { run_input, tasks })
     }

@@ -42,8 +42,40 @@ pub struct PassOutcome {
 struct Decided {
     /// Task runs made ready.
     dispatched: usize,
+    /// What observers hear once the pass has committed.
+    told: Vec<Told>,
     /// Rows were skipped or failed, and flagged for the pass to react to.
     reflagged: bool,
+}
+
+/// A change of a pass that observers hear of after its commit (they are
+/// told only what is persisted; docs/design/handlers.md#lifecycle-hooks).
+#[derive(Debug)]
+enum Told {
+    /// A skip, with its reason.
+    Skipped(TaskEvent, SkipReason),
+    /// A condition that could not be evaluated.
+    Failed(TaskEvent),
+}
+
+/// Logs the tasks a pass skipped; returns what observers hear of them.
+fn skips(run: RunId, def: &WorkflowDefinition, keys: &[String], reason: SkipReason) -> Vec<Told> {
+    keys.iter()
+        .map(|key| {
+            tracing::info!(run_id = %run, task_key = %key, %reason, "task skipped");
+            let event = TaskEvent {
+                run_id: run,
+                task_key: key.clone(),
+                task_type: def.task(key).map(|t| t.task_type().to_owned()).unwrap_or_default(),
+                compensate_for: None,
+                attempt: 1,
+                output: None,
+                error: None,
+                retry_in: None,
+            };
+            Told::Skipped(event, reason)
+        })
+        .collect()
 }
 
 /// What one scheduler pass over its scope did.
@@ -263,6 +295,7 @@ impl<S: Store> Scheduler<S> {
         // that failed, flags its row, and the pass reacts to that in turn
         // until nothing new is flagged (docs/design/conditions.md#deciding).
         let conditional = def.has_conditions();
+        let mut told: Vec<Told> = Vec::new();
         let trigger = |key: &str| def.task(key).map(|t| t.trigger()).unwrap_or_default();
         let mut flagged = pass.take_flagged().await?;
         let mut first_round = true;
@@ -276,22 +309,42 @@ impl<S: Store> Scheduler<S> {
                     .map(|t| (t.key.as_str(), t.state)),
             );
             let mut released = reaction.satisfied.clone();
-            for (blocked, reason) in reaction.cancellations() {
-                let keys: Vec<String> = blocked.iter().map(|k| (*k).to_owned()).collect();
-                let cancelled = pass.cancel_pending(&keys, reason).await?;
-                outcome.cancelled += cancelled.len();
-                if conditional && reason == CancelReason::UpstreamFailed {
-                    for (key, n) in plan::released_by_cancellations(graph, trigger, &cancelled) {
-                        *released.entry(key).or_default() += n;
-                    }
+            // A failure's cancellation, wave by wave from the rows moved, so
+            // a task skipped earlier stops it and `all_done` tasks count
+            // each cancellation once. Without triggers every task below a
+            // failure is still pending: one statement cancels them all.
+            let mut wave: Vec<String> = if conditional {
+                reaction.upstream_failed.iter().map(|k| (*k).to_owned()).collect()
+            } else {
+                let below: BTreeSet<&str> = reaction
+                    .upstream_failed
+                    .iter()
+                    .flat_map(|k| std::iter::once(*k).chain(graph.transitive_dependents_of(k)))
+                    .collect();
+                below.into_iter().map(str::to_owned).collect()
+            };
+            while !wave.is_empty() {
+                let moved = pass.cancel_pending(&wave, CancelReason::UpstreamFailed).await?;
+                outcome.cancelled += moved.len();
+                if !conditional {
+                    break;
                 }
+                let (next, more) = plan::failure_wave(graph, trigger, moved.iter().map(String::as_str));
+                for (key, n) in more {
+                    *released.entry(key).or_default() += n;
+                }
+                wave = next.into_iter().map(str::to_owned).collect();
+            }
+            if !reaction.upstream_cancelled.is_empty() {
+                let keys: Vec<String> = reaction.upstream_cancelled.iter().map(|k| (*k).to_owned()).collect();
+                outcome.cancelled += pass.cancel_pending(&keys, CancelReason::User).await?.len();
             }
             let mut reflagged = false;
             if !reaction.upstream_skipped.is_empty() {
                 let keys: Vec<String> = reaction.upstream_skipped.iter().map(|k| (*k).to_owned()).collect();
                 let skipped = pass.skip_pending(&keys, SkipReason::UpstreamSkipped).await?;
                 reflagged |= !skipped.is_empty();
-                self.skipped(run, def, &skipped, SkipReason::UpstreamSkipped);
+                told.extend(skips(run, def, &skipped, SkipReason::UpstreamSkipped));
             }
             if header.cancel_requested {
                 if first_round {
@@ -309,6 +362,7 @@ impl<S: Store> Scheduler<S> {
                     let decided = self.decide_conditions(&mut pass, def).await?;
                     outcome.dispatched += decided.dispatched;
                     reflagged |= decided.reflagged;
+                    told.extend(decided.told);
                 }
             }
             first_round = false;
@@ -396,6 +450,12 @@ impl<S: Store> Scheduler<S> {
         if let (Some(victim), Some(hook)) = (victim, &self.config.on_limit_cancel) {
             (hook.0)(victim);
         }
+        for change in told {
+            match change {
+                Told::Skipped(event, reason) => self.observers.task_skipped(&event, reason),
+                Told::Failed(event) => self.observers.task_failed(&event),
+            }
+        }
 
         if let Verdict::Settled(state) = verdict
             && !edges.is_empty()
@@ -458,13 +518,13 @@ impl<S: Store> Scheduler<S> {
                 Decision::Skip(reason) => {
                     let skipped = pass.skip_pending(std::slice::from_ref(&key), reason).await?;
                     decided.reflagged |= !skipped.is_empty();
-                    self.skipped(run, def, &skipped, reason);
+                    decided.told.extend(skips(run, def, &skipped, reason));
                 }
                 Decision::Fail(error) => {
                     if pass.fail_pending(&key, &error).await? {
                         decided.reflagged = true;
                         tracing::warn!(run_id = %run, task_key = %key, %error, "task failed: its condition could not be evaluated");
-                        self.observers.task_failed(&TaskEvent {
+                        decided.told.push(Told::Failed(TaskEvent {
                             run_id: run,
                             task_key: key.clone(),
                             task_type: task.task_type().to_owned(),
@@ -473,30 +533,12 @@ impl<S: Store> Scheduler<S> {
                             output: None,
                             error: Some(error),
                             retry_in: None,
-                        });
+                        }));
                     }
                 }
             }
         }
         Ok(decided)
-    }
-
-    /// Logs and reports the tasks a pass skipped.
-    fn skipped(&self, run: RunId, def: &WorkflowDefinition, keys: &[String], reason: SkipReason) {
-        for key in keys {
-            tracing::info!(run_id = %run, task_key = %key, %reason, "task skipped");
-            let event = TaskEvent {
-                run_id: run,
-                task_key: key.clone(),
-                task_type: def.task(key).map(|t| t.task_type().to_owned()).unwrap_or_default(),
-                compensate_for: None,
-                attempt: 1,
-                output: None,
-                error: None,
-                retry_in: None,
-            };
-            self.observers.task_skipped(&event, reason);
-        }
     }
 
     /// Runs passes until `shutdown`, sleeping until a notification, the

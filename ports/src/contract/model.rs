@@ -411,13 +411,17 @@ async fn pass_both<S: Store>(
         flagged.iter().map(|t| (t.key.as_str(), t.state)),
     );
     let reacted = model.take_flagged();
-    for (keys, (expected, reason)) in [&reaction.upstream_failed, &reaction.upstream_cancelled]
-        .into_iter()
-        .zip([
-            (&reacted.upstream_failed, CancelReason::UpstreamFailed),
-            (&reacted.upstream_cancelled, CancelReason::User),
-        ])
-    {
+    // The model's definitions have no triggers: a failure's cancellation
+    // reaches everything below it at once, as the scheduler applies it.
+    let upstream_failed: std::collections::BTreeSet<&str> = reaction
+        .upstream_failed
+        .iter()
+        .flat_map(|k| std::iter::once(*k).chain(def.graph().transitive_dependents_of(k)))
+        .collect();
+    for (keys, (expected, reason)) in [&upstream_failed, &reaction.upstream_cancelled].into_iter().zip([
+        (&reacted.upstream_failed, CancelReason::UpstreamFailed),
+        (&reacted.upstream_cancelled, CancelReason::User),
+    ]) {
         let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
         let got = if keys.is_empty() {
             Vec::new()

@@ -128,6 +128,8 @@ pub fn resolve_generic_transition(from: TaskRunState, to: TaskRunState) -> Resul
         TaskTransition::Claim => "claim_task_run",
         TaskTransition::ReapLease | TaskTransition::ReapLeaseFinal => "reap_expired_leases",
         TaskTransition::ScheduleRetry => "finish_task_run (a failure with attempts left)",
+        TaskTransition::Skip => "RunPass::skip_pending (the scheduler deciding a condition)",
+        TaskTransition::FailCondition => "RunPass::fail_pending (the scheduler deciding a condition)",
         _ => return Ok(first),
     };
     Err(TransitionError::Reserved {
