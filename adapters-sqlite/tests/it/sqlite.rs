@@ -838,18 +838,17 @@ async fn a_database_of_the_first_release_opens_and_is_migrated() {
     assert!(!indexes.iter().any(|i| i == "taskrun_waiting_idx"), "{indexes:?}");
 }
 
-/// A database migrated before the event numbers keeps its history: the
-/// upgrade numbers each run's events in the order get_run merged them (by
-/// id, across both tables), and the next event follows on.
-#[tokio::test]
-async fn the_upgrade_numbers_the_history_already_written() {
+/// A database file as an earlier release left it: made by the migrations
+/// older than `version` alone. Returns its folder (removed when dropped),
+/// its path and a connection to it.
+async fn database_before(version: &str) -> (tempfile::TempDir, std::path::PathBuf, SqliteConnection) {
     let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
     let dir = tempfile::tempdir().expect("a temp folder");
     let before = dir.path().join("migrations");
     std::fs::create_dir(&before).expect("a folder");
     for entry in std::fs::read_dir(&folder).expect("the migrations") {
         let name = entry.expect("an entry").file_name();
-        if name.to_string_lossy().as_ref() < "20261202000001" {
+        if name.to_string_lossy().as_ref() < version {
             std::fs::copy(folder.join(&name), before.join(&name)).expect("copy");
         }
     }
@@ -862,10 +861,19 @@ async fn the_upgrade_numbers_the_history_already_written() {
         .expect("a new file");
     sqlx::migrate::Migrator::new(before.as_path())
         .await
-        .expect("the migrations before the numbers")
+        .unwrap_or_else(|e| panic!("the migrations before {version}: {e}"))
         .run(&mut conn)
         .await
         .expect("applied");
+    (dir, path, conn)
+}
+
+/// A database migrated before the event numbers keeps its history: the
+/// upgrade numbers each run's events in the order get_run merged them (by
+/// id, across both tables), and the next event follows on.
+#[tokio::test]
+async fn the_upgrade_numbers_the_history_already_written() {
+    let (_dir, path, mut conn) = database_before("20261202000001").await;
     sqlx::raw_sql(
         "INSERT INTO workflow VALUES (1, 'w', 1, '', printf('%064d', 0), '{}', 0);
          INSERT INTO task (workflow_id, key, position, task_type, depends_on, max_attempts)
@@ -927,30 +935,7 @@ async fn the_upgrade_numbers_the_history_already_written() {
 /// and its dispatches, leaves no foreign key dangling, and the run goes on.
 #[tokio::test]
 async fn the_rebuild_for_skipped_task_runs_keeps_every_row_and_reference() {
-    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
-    let dir = tempfile::tempdir().expect("a temp folder");
-    let before = dir.path().join("migrations");
-    std::fs::create_dir(&before).expect("a folder");
-    for entry in std::fs::read_dir(&folder).expect("the migrations") {
-        let name = entry.expect("an entry").file_name();
-        if name.to_string_lossy().as_ref() < "20261206000001" {
-            std::fs::copy(folder.join(&name), before.join(&name)).expect("copy");
-        }
-    }
-    let path = dir.path().join("old.db");
-    let mut conn = SqliteConnectOptions::new()
-        .filename(&path)
-        .create_if_missing(true)
-        .foreign_keys(true)
-        .connect()
-        .await
-        .expect("a new file");
-    sqlx::migrate::Migrator::new(before.as_path())
-        .await
-        .expect("the migrations before conditions")
-        .run(&mut conn)
-        .await
-        .expect("applied");
+    let (_dir, path, mut conn) = database_before("20261206000001").await;
     sqlx::raw_sql(
         "INSERT INTO workflow VALUES (1, 'w', 1, '', printf('%064d', 0), '{}', 0);
          INSERT INTO task (workflow_id, key, position, task_type, depends_on, max_attempts)
