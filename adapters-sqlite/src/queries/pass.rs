@@ -206,29 +206,34 @@ macro_rules! pending_named {
     };
 }
 
+/// A move of the named rows still pending by `$edge` to `$to`, with
+/// `$set` (the reason `?4`, and whatever else the edge sets) and its
+/// events, in one call: `?3` the keys.
+macro_rules! move_pending {
+    ($edge:literal, $to:literal, $set:literal) => {
+        concat!(
+            batch_events!($edge, "pending", $to, pending_named!()),
+            "; UPDATE task_run SET state = '",
+            $to,
+            "', ",
+            $set,
+            ", finished_at = ",
+            now!(),
+            " WHERE ",
+            pending_named!(),
+            " RETURNING 3 AS tag, id, task_key; ",
+            activity!()
+        )
+    };
+}
+
 /// cancel_pending in one call: `?3` the keys, `?4` the reason.
-pub(crate) const CANCEL_PENDING: &str = concat!(
-    batch_events!("cancel_pending", "pending", "cancelled", pending_named!()),
-    "; UPDATE task_run SET state = 'cancelled', cancel_reason = ?4, finished_at = ",
-    now!(),
-    " WHERE ",
-    pending_named!(),
-    " RETURNING 3 AS tag, id, task_key; ",
-    activity!()
-);
+pub(crate) const CANCEL_PENDING: &str = move_pending!("cancel_pending", "cancelled", "cancel_reason = ?4");
 
 /// skip_pending in one call: the named rows still pending, skipped and
 /// flagged so this pass's next take_flagged reacts to them. `?3` the keys,
 /// `?4` the reason.
-pub(crate) const SKIP_PENDING: &str = concat!(
-    batch_events!("skip", "pending", "skipped", pending_named!()),
-    "; UPDATE task_run SET state = 'skipped', skip_reason = ?4, needs_pass = 1, finished_at = ",
-    now!(),
-    " WHERE ",
-    pending_named!(),
-    " RETURNING 3 AS tag, id, task_key; ",
-    activity!()
-);
+pub(crate) const SKIP_PENDING: &str = move_pending!("skip", "skipped", "skip_reason = ?4, needs_pass = 1");
 
 /// fail_pending in one call: `fail_condition` on the named row (`?3` a
 /// one-key list) if still pending, with its error `?4`, flagged like
