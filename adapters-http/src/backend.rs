@@ -7,13 +7,16 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use flowforge_app::attempts::Attempt;
 use flowforge_app::remote::{Beat, BeatStatus, RemoteClaim, RemoteConfig, RemoteResult, RemoteWork};
+use flowforge_app::schedules::{BackfillFire, ScheduleRequest};
 use flowforge_app::tokens::{self, Verdict};
 use flowforge_app::{Error, Retry, RunReport, Service, TaskTypes};
 use flowforge_domain::{Priority, WorkflowDefinition};
 use flowforge_ports::store::{
     CancelOutcome, DefinitionSummary, EventView, FinishResult, Gauges, IdempotencyKey, KeyedStart, Published, RunQuery,
+    ScheduleView,
 };
 use flowforge_ports::{RunId, RunSummary, Store, WorkerId, WorkerInfo, WorkflowId};
 use serde_json::Value;
@@ -62,6 +65,24 @@ pub trait Backend: Send + Sync + 'static {
     fn ready(&self) -> Fut<'_, ()>;
     /// What a bearer secret grants.
     fn verify<'a>(&'a self, secret: &'a str) -> Fut<'a, Verdict>;
+    /// [`Service::create_schedule`].
+    fn create_schedule(&self, request: ScheduleRequest) -> Fut<'_, ScheduleView>;
+    /// [`Service::schedules`].
+    fn schedules(&self) -> Fut<'_, Vec<ScheduleView>>;
+    /// [`Service::schedule`].
+    fn schedule<'a>(&'a self, name: &'a str) -> Fut<'a, ScheduleView>;
+    /// [`Service::pause_schedule`].
+    fn pause_schedule<'a>(&'a self, name: &'a str, paused: bool) -> Fut<'a, ScheduleView>;
+    /// [`Service::delete_schedule`].
+    fn delete_schedule<'a>(&'a self, name: &'a str) -> Fut<'a, ()>;
+    /// [`Service::backfill`].
+    fn backfill<'a>(
+        &'a self,
+        name: &'a str,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        dry_run: bool,
+    ) -> Fut<'a, Vec<BackfillFire>>;
     /// Claims ready task runs for a remote worker (long poll).
     fn claim<'a>(
         &'a self,
@@ -156,6 +177,30 @@ impl<S: Store> Backend for ServiceBackend<S> {
     }
     fn ready(&self) -> Fut<'_, ()> {
         Box::pin(self.service.ready())
+    }
+    fn create_schedule(&self, request: ScheduleRequest) -> Fut<'_, ScheduleView> {
+        Box::pin(self.service.create_schedule(request))
+    }
+    fn schedules(&self) -> Fut<'_, Vec<ScheduleView>> {
+        Box::pin(self.service.schedules())
+    }
+    fn schedule<'a>(&'a self, name: &'a str) -> Fut<'a, ScheduleView> {
+        Box::pin(self.service.schedule(name))
+    }
+    fn pause_schedule<'a>(&'a self, name: &'a str, paused: bool) -> Fut<'a, ScheduleView> {
+        Box::pin(self.service.pause_schedule(name, paused))
+    }
+    fn delete_schedule<'a>(&'a self, name: &'a str) -> Fut<'a, ()> {
+        Box::pin(self.service.delete_schedule(name))
+    }
+    fn backfill<'a>(
+        &'a self,
+        name: &'a str,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        dry_run: bool,
+    ) -> Fut<'a, Vec<BackfillFire>> {
+        Box::pin(self.service.backfill(name, from, to, dry_run))
     }
     fn verify<'a>(&'a self, secret: &'a str) -> Fut<'a, Verdict> {
         Box::pin(tokens::verify(self.service.store(), secret))

@@ -138,6 +138,10 @@ impl From<Error> for Problem {
                 "concurrency_key_unresolved",
                 e.to_string(),
             ),
+            Error::InvalidSchedule(_) => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_schedule", e.to_string()),
+            Error::ScheduleNameTaken(_) => Self::new(StatusCode::CONFLICT, "schedule_exists", e.to_string()),
+            Error::ScheduleNotFound(_) => Self::not_found(e.to_string()),
+            Error::BackfillRefused(_) => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "backfill_refused", e.to_string()),
             Error::TimeoutTooLong(_) => {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_definition", e.to_string())
             }

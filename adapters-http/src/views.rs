@@ -3,8 +3,10 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use flowforge_app::RunReport;
 use flowforge_app::report::EventReport;
+use flowforge_app::schedules::{BackfillFire, BackfillOutcome, next_fire};
 use flowforge_domain::Priority;
-use flowforge_ports::store::{DefinitionSummary, EventView, Published, RunSummary};
+use flowforge_domain::schedule::Overlap;
+use flowforge_ports::store::{DefinitionSummary, EventView, Published, RunSummary, ScheduleView};
 use flowforge_ports::{RunId, WorkerInfo};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -354,4 +356,163 @@ impl From<&WorkerInfo> for WorkerItem {
 pub struct WorkerList {
     /// Most recently seen first.
     pub items: Vec<WorkerItem>,
+}
+
+/// What `POST /schedules` takes (docs/design/schedules.md).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSchedule {
+    /// Its unique name.
+    pub name: String,
+    /// The workflow it starts.
+    pub workflow: String,
+    /// The version it starts (default: the latest at each fire).
+    #[serde(default)]
+    pub version: Option<u32>,
+    /// Five cron fields, or `@hourly`, `@daily`, `@weekly`, `@monthly`,
+    /// `@yearly`.
+    pub cron: String,
+    /// The IANA time zone the pattern is read in (default `UTC`).
+    #[serde(default)]
+    pub timezone: Option<String>,
+    /// The run input, an object (default `{}`); each fire adds
+    /// `scheduled_for` and `fired_at`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub input: Option<Value>,
+    /// `skip` (default), `buffer_one`, `allow` or `cancel_previous`.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub overlap: Option<Overlap>,
+    /// How far back a scheduler that was away fires what it missed
+    /// (default 3600).
+    #[serde(default)]
+    pub catchup_window_seconds: Option<u64>,
+}
+
+/// How many fire times of a schedule ended in each outcome.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FireCountsBody {
+    /// Started their run (at the fire or by a backfill).
+    pub started: u64,
+    /// Met an active run and started nothing.
+    pub skipped_overlap: u64,
+    /// Waited for the active run to end.
+    pub buffered: u64,
+    /// Fell before the catch-up window.
+    pub missed: u64,
+}
+
+/// A schedule.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ScheduleBody {
+    /// Its unique name.
+    pub name: String,
+    /// The workflow it starts.
+    pub workflow: String,
+    /// The version it starts (`null`: the latest at each fire).
+    pub version: Option<u32>,
+    /// The cron pattern.
+    pub cron: String,
+    /// The IANA time zone it is read in.
+    pub timezone: String,
+    /// The run input, before each fire adds its times.
+    #[schema(value_type = Object)]
+    pub input: Value,
+    /// What a fire does while a run of the schedule is active.
+    #[schema(value_type = String)]
+    pub overlap: Overlap,
+    /// How far back a scheduler that was away fires what it missed.
+    pub catchup_window_seconds: u64,
+    /// Whether it is paused.
+    pub paused: bool,
+    /// Its next fire time (RFC 3339; `null` while paused).
+    pub next_fire: Option<String>,
+    /// The fire time waiting for the active run to end (RFC 3339).
+    pub buffered: Option<String>,
+    /// When it was created (RFC 3339).
+    pub created_at: String,
+    /// Outcomes of its fire times so far.
+    pub fires: FireCountsBody,
+}
+
+impl From<&ScheduleView> for ScheduleBody {
+    fn from(s: &ScheduleView) -> Self {
+        Self {
+            name: s.spec.name.clone(),
+            workflow: s.spec.workflow.clone(),
+            version: s.spec.version,
+            cron: s.spec.cron.clone(),
+            timezone: s.spec.timezone.clone(),
+            input: s.spec.input.clone(),
+            overlap: s.spec.overlap,
+            catchup_window_seconds: s.spec.catchup_window.as_secs(),
+            paused: s.paused,
+            next_fire: next_fire(s).map(time),
+            buffered: s.buffered.map(time),
+            created_at: time(s.created_at),
+            fires: FireCountsBody {
+                started: s.counts.started,
+                skipped_overlap: s.counts.skipped_overlap,
+                buffered: s.counts.buffered,
+                missed: s.counts.missed,
+            },
+        }
+    }
+}
+
+/// A list of schedules.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ScheduleList {
+    /// By name.
+    pub items: Vec<ScheduleBody>,
+}
+
+/// What `POST /schedules/{name}/backfill` takes.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BackfillRequest {
+    /// The first instant (RFC 3339), included.
+    pub from: DateTime<Utc>,
+    /// The last instant (RFC 3339), included.
+    pub to: DateTime<Utc>,
+    /// Only say what would start.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// One fire time of a backfill.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BackfillItem {
+    /// The fire time (RFC 3339).
+    pub at: String,
+    /// `would_start` (dry run), `started`, or `already_recorded`.
+    pub outcome: &'static str,
+    /// The run started.
+    pub run_id: Option<String>,
+    /// The outcome the fire time already had, when `already_recorded`.
+    pub recorded: Option<&'static str>,
+}
+
+impl From<&BackfillFire> for BackfillItem {
+    fn from(f: &BackfillFire) -> Self {
+        let (outcome, run_id, recorded) = match f.outcome {
+            BackfillOutcome::WouldStart => ("would_start", None, None),
+            BackfillOutcome::Started(run) => ("started", Some(run.to_string()), None),
+            BackfillOutcome::AlreadyRecorded(o) => ("already_recorded", None, Some(o.as_str())),
+        };
+        Self {
+            at: time(f.at),
+            outcome,
+            run_id,
+            recorded,
+        }
+    }
+}
+
+/// What a backfill did.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BackfillBody {
+    /// Its fire times, oldest first.
+    pub fires: Vec<BackfillItem>,
 }

@@ -34,6 +34,7 @@ mod pass;
 pub mod queries;
 mod rows;
 mod runs;
+mod schedules;
 mod store;
 mod tokens;
 mod workers;

@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use flowforge_domain::{CancelReason, Priority, RunState, SkipReason, TaskRunState};
-use flowforge_ports::store::{DefinitionSummary, TokenStatus, TokenView, Wait};
+use flowforge_ports::store::{DefinitionSummary, FireCounts, NewSchedule, ScheduleView, TokenStatus, TokenView, Wait};
 use flowforge_ports::{
     EventView, PassTask, RunId, RunSummary, TaskRunId, TaskRunView, WorkerId, WorkerInfo, WorkflowId, store,
 };
@@ -304,6 +304,57 @@ impl TokenRow {
             expires_at: self.expires_at,
             revoked_at: self.revoked_at,
             status,
+        })
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct ScheduleRow {
+    pub(crate) id: i64,
+    pub(crate) name: String,
+    pub(crate) workflow: String,
+    pub(crate) version: Option<i32>,
+    pub(crate) cron: String,
+    pub(crate) timezone: String,
+    pub(crate) input: Value,
+    pub(crate) overlap: String,
+    pub(crate) catchup_window_ms: i64,
+    pub(crate) paused: bool,
+    pub(crate) cursor: DateTime<Utc>,
+    pub(crate) buffered_at: Option<DateTime<Utc>>,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) started: i64,
+    pub(crate) skipped_overlap: i64,
+    pub(crate) buffered: i64,
+    pub(crate) missed: i64,
+}
+
+impl ScheduleRow {
+    pub(crate) fn into_view(self) -> Result<ScheduleView, store::Error> {
+        let count = to_u64;
+        let window = count(self.catchup_window_ms, "schedule.catchup_window_ms")?;
+        Ok(ScheduleView {
+            id: self.id,
+            spec: NewSchedule {
+                name: self.name,
+                workflow: self.workflow,
+                version: self.version.map(|v| to_u32(v, "schedule.version")).transpose()?,
+                cron: self.cron,
+                timezone: self.timezone,
+                input: self.input,
+                overlap: parse_name(&self.overlap, "schedule.overlap")?,
+                catchup_window: std::time::Duration::from_millis(window),
+            },
+            paused: self.paused,
+            cursor: self.cursor,
+            buffered: self.buffered_at,
+            created_at: self.created_at,
+            counts: FireCounts {
+                started: count(self.started, "schedule.started")?,
+                skipped_overlap: count(self.skipped_overlap, "schedule.skipped_overlap")?,
+                buffered: count(self.buffered, "schedule.buffered")?,
+                missed: count(self.missed, "schedule.missed")?,
+            },
         })
     }
 }

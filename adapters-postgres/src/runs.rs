@@ -105,7 +105,7 @@ impl PgStore {
     /// wake-ups it owes, to announce after the commit; `Other` when the
     /// definition does not exist. The caller has refused an input holding
     /// NUL, before any I/O.
-    async fn create_run<'e>(
+    pub(crate) async fn create_run<'e>(
         &self,
         exec: impl PgExecutor<'e>,
         id: Uuid,

@@ -57,6 +57,7 @@ mod pass;
 mod plans;
 mod rows;
 mod runs;
+mod schedules;
 mod store;
 mod tokens;
 mod workers;

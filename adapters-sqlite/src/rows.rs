@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flowforge_domain::Priority;
-use flowforge_ports::store::{DefinitionSummary, TokenStatus, TokenView, Wait};
+use flowforge_ports::store::{DefinitionSummary, FireCounts, NewSchedule, ScheduleView, TokenStatus, TokenView, Wait};
 use flowforge_ports::{
     Clock, EventView, PassTask, RunId, RunSummary, Scope, TaskRunId, TaskRunView, WorkerId, WorkerInfo, WorkflowId,
     store,
@@ -367,6 +367,56 @@ impl DefinitionRow {
             created_at: time("workflow.created_at", self.created_at)?,
             name: self.name,
             fingerprint: self.fingerprint,
+        })
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct ScheduleRow {
+    id: i64,
+    name: String,
+    workflow: String,
+    version: Option<i64>,
+    cron: String,
+    timezone: String,
+    input: String,
+    overlap: String,
+    catchup_window_ms: i64,
+    paused: bool,
+    cursor: i64,
+    buffered_at: Option<i64>,
+    created_at: i64,
+    started: i64,
+    skipped_overlap: i64,
+    buffered: i64,
+    missed: i64,
+}
+
+impl ScheduleRow {
+    pub(crate) fn into_view(self) -> Result<ScheduleView, DecodeError> {
+        let count = |column, value| u64_of(column, value);
+        Ok(ScheduleView {
+            id: self.id,
+            spec: NewSchedule {
+                name: self.name,
+                workflow: self.workflow,
+                version: self.version.map(|v| u32_of("schedule.version", v)).transpose()?,
+                cron: self.cron,
+                timezone: self.timezone,
+                input: json("schedule.input", &self.input)?,
+                overlap: name("schedule.overlap", &self.overlap)?,
+                catchup_window: Duration::from_millis(u64_of("schedule.catchup_window_ms", self.catchup_window_ms)?),
+            },
+            paused: self.paused,
+            cursor: time("schedule.cursor", self.cursor)?,
+            buffered: opt_time("schedule.buffered_at", self.buffered_at)?,
+            created_at: time("schedule.created_at", self.created_at)?,
+            counts: FireCounts {
+                started: count("schedule.started", self.started)?,
+                skipped_overlap: count("schedule.skipped_overlap", self.skipped_overlap)?,
+                buffered: count("schedule.buffered", self.buffered)?,
+                missed: count("schedule.missed", self.missed)?,
+            },
         })
     }
 }

@@ -30,7 +30,7 @@ use crate::pass::SqlitePass;
 use crate::queries;
 use crate::rows::{EventRow, SummaryRow, TaskRunRow, WaitRow};
 use crate::rows::{col, decode, duration_ms, json, name, run_id, run_key, scope_key, time, u32_of, u64_of};
-use crate::store::{Failure, SqliteStore, StartTask, lock, padded, sql, tagged};
+use crate::store::{Failure, Query, SqliteStore, StartTask, lock, padded, sql, tagged};
 
 /// The rows a call returned as one JSON array under `tag` (see `GET_RUN`).
 fn aggregated<T: serde::de::DeserializeOwned>(
@@ -80,6 +80,15 @@ struct ExpiredRow {
     compensate_for: Option<String>,
 }
 
+/// A run start whose call is on its way: what [`SqliteStore::started`]
+/// needs once it returns.
+#[derive(Debug)]
+pub(crate) struct Starting {
+    pub(crate) run: RunId,
+    input: String,
+    first_pass: bool,
+}
+
 /// Definitions whose start rows are kept at most; past it the cache
 /// starts over (each entry is a few bytes per task).
 const START_TASKS_KEPT: usize = 1024;
@@ -95,6 +104,34 @@ impl SqliteStore {
         options: &StartOptions,
         key: Option<&IdempotencyKey>,
     ) -> Result<Option<NewRun>, store::Error> {
+        let text = if key.is_some() {
+            queries::START_RUN_KEYED
+        } else {
+            queries::START_RUN
+        };
+        let (mut query, start) = self.start_call(text, workflow, input, options).await?;
+        if let Some(k) = key {
+            query = query.bind(k.key.clone()).bind(k.request_hash.clone());
+        }
+        let called = self.inner.write().await?.call_sqlx(padded(query)).await;
+        match called {
+            Ok(rows) => self.started(&start, &rows).map(Some),
+            // The key's row is the only one the call could find taken.
+            Err(Failure::Sqlx(e)) if key.is_some() && is_unique_violation(&e) => Ok(None),
+            Err(e) => Err(e.into_store()),
+        }
+    }
+
+    /// A call of `text`, a statement built around `start_writes!`, with
+    /// start_run's values bound as `?1` to `?7`; the caller binds its own
+    /// from `?8` on and pads it.
+    pub(crate) async fn start_call(
+        &self,
+        text: &'static str,
+        workflow: WorkflowId,
+        input: Value,
+        options: &StartOptions,
+    ) -> Result<(Query, Starting), store::Error> {
         let priority = options.priority;
         // SQLite could keep it, PostgreSQL cannot: both refuse it, so the
         // two modes agree (docs/design/data-flow.md#limits).
@@ -148,42 +185,33 @@ impl SqliteStore {
         let rows = serde_json::to_string(&rows).map_err(|e| store::Error::Other(e.to_string()))?;
         let gates = serde_json::to_string(&options.gates)
             .map_err(|e| store::Error::Other(format!("cannot encode the gates: {e}")))?;
-        let offset = self.inner.offset();
-        let text = if key.is_some() {
-            queries::START_RUN_KEYED
-        } else {
-            queries::START_RUN
-        };
-        let mut query = sql(text)
-            .bind(offset)
-            .bind(&run_text)
+        let query = sql(text)
+            .bind(self.inner.offset())
+            .bind(run_text)
             .bind(workflow.0)
             .bind(input.clone())
             .bind(rows)
             .bind(i64::from(priority.get()))
             .bind(gates);
-        if let Some(k) = key {
-            query = query.bind(k.key.clone()).bind(k.request_hash.clone());
-        }
-        let called = self.inner.write().await?.call_sqlx(padded(query)).await;
-        let rows = match called {
-            Ok(rows) => rows,
-            // The key's row is the only one the call could find taken.
-            Err(Failure::Sqlx(e)) if key.is_some() && is_unique_violation(&e) => return Ok(None),
-            Err(e) => return Err(e.into_store()),
-        };
+        Ok((query, Starting { run, input, first_pass }))
+    }
+
+    /// The run a start call created, from the rows it returned: its
+    /// `created_at`, then one row per dispatch. Wakes who must know.
+    pub(crate) fn started(&self, start: &Starting, rows: &[sqlx::sqlite::SqliteRow]) -> Result<NewRun, store::Error> {
+        let run = start.run;
         let Some((created, dispatched)) = rows.split_first() else {
             return Err(store::Error::Other(format!("starting run {run} returned no row")));
         };
         let created_at = time("workflow_run.created_at", col(created, 0)?)?;
-        lock(&self.inner.inputs).input(run, &input);
+        lock(&self.inner.inputs).input(run, &start.input);
         if !dispatched.is_empty() {
             self.inner.wakeups.wake(Topic::Publisher);
         }
-        if first_pass {
+        if start.first_pass {
             self.inner.wakeups.wake(Topic::Scheduler);
         }
-        Ok(Some(NewRun { id: run, created_at }))
+        Ok(NewRun { id: run, created_at })
     }
 
     /// The forward tasks a start of `workflow` creates, in position order:

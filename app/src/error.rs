@@ -87,6 +87,18 @@ pub enum Error {
     /// (docs/design/concurrency.md): the run is not started.
     #[error(transparent)]
     ConcurrencyKeyUnresolved(#[from] Unresolved),
+    /// A schedule's field is invalid (docs/design/schedules.md).
+    #[error(transparent)]
+    InvalidSchedule(#[from] flowforge_domain::schedule::ScheduleError),
+    /// A schedule name is taken.
+    #[error("a schedule named '{0}' already exists; pick another name or delete it first")]
+    ScheduleNameTaken(String),
+    /// No such schedule.
+    #[error("schedule '{0}' not found")]
+    ScheduleNotFound(String),
+    /// A backfill's range cannot be started as asked.
+    #[error("backfill refused: {0}")]
+    BackfillRefused(String),
     /// Another retry of the run (or a late write) changed it first.
     #[error("run {0} changed while this retry was being applied (another retry won); read it again")]
     RetryLost(RunId),
@@ -121,7 +133,11 @@ impl Error {
             | Self::RunNotRetryable { .. }
             | Self::RetryRefused { .. }
             | Self::ConcurrencyKeyUnresolved(_)
-            | Self::RetryLost(_) => false,
+            | Self::RetryLost(_)
+            | Self::InvalidSchedule(_)
+            | Self::ScheduleNameTaken(_)
+            | Self::ScheduleNotFound(_)
+            | Self::BackfillRefused(_) => false,
         }
     }
 }

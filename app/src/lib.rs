@@ -1,5 +1,5 @@
 //! FlowForge's use cases and loops, generic over the ports: publishing,
-//! starting and cancelling runs, the scheduler pass, the outbox publisher,
+//! starting and cancelling runs, schedules, the scheduler pass, the outbox publisher,
 //! the worker, the handler registry and the built-in task types.
 //!
 //! Nothing here names a concrete adapter: the `flowforge` binary (and any
@@ -20,6 +20,7 @@ pub mod registry;
 pub mod remote;
 pub mod report;
 pub mod scheduler;
+pub mod schedules;
 pub mod service;
 pub mod telemetry;
 pub mod tokens;

@@ -1,6 +1,6 @@
 //! What the loops and use cases count, through the `metrics` facade (a
 //! process without a recorder pays next to nothing). Labels are only
-//! workflow, task type and outcome — never a run id
+//! workflow, task type, schedule and outcome — never a run id
 //! (docs/design/server.md#metrics).
 
 use std::time::Duration;
@@ -51,6 +51,17 @@ pub(crate) fn attempt_finished(task_type: &str, result: FinishResult, took: Dura
 pub(crate) fn scheduled(task_type: &str, waited: Duration) {
     metrics::histogram!("flowforge_task_schedule_to_start_seconds", "task_type" => task_type.to_owned())
         .record(waited.as_secs_f64());
+}
+
+/// `n` fire times of schedule `schedule` ended in `outcome`
+/// (docs/design/schedules.md#outcomes).
+pub(crate) fn schedule_fired(schedule: &str, outcome: flowforge_domain::schedule::FireOutcome, n: u64) {
+    metrics::counter!(
+        "flowforge_schedule_fires_total",
+        "schedule" => schedule.to_owned(),
+        "outcome" => outcome.as_str()
+    )
+    .increment(n);
 }
 
 /// Leases the reaper took back.

@@ -199,7 +199,7 @@ impl<S: Store> Service<S> {
     }
 
     /// Checks the input and resolves what a start of `workflow` needs.
-    async fn start_options(
+    pub(crate) async fn start_options(
         &self,
         workflow: WorkflowId,
         input: &Value,

@@ -22,8 +22,8 @@ pub use queue::{Delivery, Dispatch, DispatchConsumer, DispatchPublisher, Dispatc
 pub use store::{
     Activity, CancelOutcome, Claim, DefinitionStore, EventView, FinishResult, LeaseStatus, LoadError, LockedRun,
     Notifier, OutboxStore, OutboxSweep, PassTask, PublishError, Published, Reaped, RunDetail, RunPass, RunSet,
-    RunStore, RunSummary, Scope, Store, TaskInputs, TaskOutcome, TaskRunView, TokenStore, Topic, TransitionError,
-    WorkerInfo, WorkerRegistration, WorkerRegistry,
+    RunStore, RunSummary, ScheduleStore, Scope, Store, TaskInputs, TaskOutcome, TaskRunView, TokenStore, Topic,
+    TransitionError, WorkerInfo, WorkerRegistration, WorkerRegistry,
 };
 
 #[cfg(test)]
@@ -31,7 +31,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     /// The contract's sections, read as text: a case is a `pub async fn`.
-    const SECTIONS: [&str; 18] = [
+    const SECTIONS: [&str; 19] = [
         include_str!("contract/api.rs"),
         include_str!("contract/claims.rs"),
         include_str!("contract/concurrency.rs"),
@@ -50,6 +50,7 @@ mod tests {
         include_str!("contract/reads.rs"),
         include_str!("contract/reaper.rs"),
         include_str!("contract/retry.rs"),
+        include_str!("contract/schedules.rs"),
     ];
 
     /// A case written but left off `store_contract_tests!`'s list would

@@ -6,6 +6,7 @@ pub(crate) mod definitions;
 pub(crate) mod events;
 pub(crate) mod ops;
 pub(crate) mod runs;
+pub(crate) mod schedules;
 pub(crate) mod worker;
 
 use std::sync::OnceLock;
@@ -61,6 +62,11 @@ fn parts() -> (axum::Router<ApiState>, axum::Router<ApiState>, OpenApi) {
         .routes(routes!(runs::cancel))
         .routes(routes!(runs::retry))
         .routes(routes!(runs::attempts))
+        .routes(routes!(schedules::create, schedules::list))
+        .routes(routes!(schedules::get, schedules::delete))
+        .routes(routes!(schedules::pause))
+        .routes(routes!(schedules::resume))
+        .routes(routes!(schedules::backfill))
         .routes(routes!(ops::workers))
         .routes(routes!(worker::claims))
         .routes(routes!(worker::heartbeats))

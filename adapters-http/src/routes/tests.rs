@@ -8,10 +8,13 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use chrono::{DateTime, Utc};
 use flowforge_app::attempts::Attempt;
+use flowforge_app::schedules::{BackfillFire, ScheduleRequest};
 use flowforge_app::tokens::Verdict;
 use flowforge_app::{Error, Retry, RunReport};
 use flowforge_domain::{Priority, WorkflowDefinition};
+use flowforge_ports::store::ScheduleView;
 use flowforge_ports::store::{
     CancelOutcome, DefinitionSummary, EventView, Gauges, IdempotencyKey, KeyedStart, Published, RunQuery,
 };
@@ -76,6 +79,24 @@ impl Backend for Stub {
         missing()
     }
     fn ready(&self) -> Fut<'_, ()> {
+        missing()
+    }
+    fn create_schedule(&self, _: ScheduleRequest) -> Fut<'_, ScheduleView> {
+        missing()
+    }
+    fn schedules(&self) -> Fut<'_, Vec<ScheduleView>> {
+        missing()
+    }
+    fn schedule<'a>(&'a self, _: &'a str) -> Fut<'a, ScheduleView> {
+        missing()
+    }
+    fn pause_schedule<'a>(&'a self, _: &'a str, _: bool) -> Fut<'a, ScheduleView> {
+        missing()
+    }
+    fn delete_schedule<'a>(&'a self, _: &'a str) -> Fut<'a, ()> {
+        missing()
+    }
+    fn backfill<'a>(&'a self, _: &'a str, _: DateTime<Utc>, _: DateTime<Utc>, _: bool) -> Fut<'a, Vec<BackfillFire>> {
         missing()
     }
     fn verify<'a>(&'a self, _: &'a str) -> Fut<'a, Verdict> {
@@ -184,6 +205,11 @@ fn no_route_bypasses_the_document() {
         "/api/v1/runs/{id}/retry",
         "/api/v1/runs/{id}/tasks/{key}/attempts",
         "/api/v1/runs/{id}/events",
+        "/api/v1/schedules",
+        "/api/v1/schedules/{name}",
+        "/api/v1/schedules/{name}/pause",
+        "/api/v1/schedules/{name}/resume",
+        "/api/v1/schedules/{name}/backfill",
         "/api/v1/workers",
         "/api/v1/worker/claims",
         "/api/v1/worker/heartbeats",
@@ -195,7 +221,7 @@ fn no_route_bypasses_the_document() {
     ] {
         assert!(paths.contains(&expected), "{expected} missing from {paths:?}");
     }
-    assert_eq!(paths.len(), 17, "{paths:?}");
+    assert_eq!(paths.len(), 22, "{paths:?}");
     // The web UI's pages (docs/design/ui.md) are served beside the API but
     // are not API: none may shadow or be shadowed by a documented path.
     for page in crate::ui::PAGES.iter().chain([&crate::ui::ASSETS]) {

@@ -137,6 +137,7 @@ mod definitions;
 mod outbox;
 mod pass;
 mod runs;
+mod schedules;
 mod tokens;
 mod workers;
 
@@ -144,5 +145,6 @@ pub use definitions::*;
 pub use outbox::*;
 pub use pass::*;
 pub use runs::*;
+pub use schedules::*;
 pub use tokens::*;
 pub use workers::*;

@@ -140,7 +140,9 @@ macro_rules! reset_set {
 mod definitions;
 mod outbox;
 mod pass;
+#[macro_use]
 mod runs;
+mod schedules;
 mod tokens;
 mod workers;
 
@@ -148,6 +150,7 @@ pub(crate) use definitions::*;
 pub(crate) use outbox::*;
 pub(crate) use pass::*;
 pub(crate) use runs::*;
+pub(crate) use schedules::*;
 pub(crate) use tokens::*;
 pub(crate) use workers::*;
 
@@ -190,5 +193,15 @@ pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
         ("load", LOAD_DEFINITION),
         ("create token", CREATE_TOKEN),
         ("revoke token", REVOKE_TOKEN),
+        ("create schedule", CREATE_SCHEDULE),
+        ("pause schedule", SET_SCHEDULE_PAUSED),
+        ("delete schedule", DELETE_SCHEDULE),
+        ("fire begin", FIRE_BEGIN),
+        ("fire held", FIRE_HELD),
+        ("fire started", FIRE_STARTED),
+        ("scheduled start", SCHEDULED_START),
+        ("buffered begin", BUFFERED_BEGIN),
+        ("buffered started", BUFFERED_STARTED),
+        ("backfill begin", BACKFILL_BEGIN),
     ]
 }

@@ -1,8 +1,10 @@
 //! `app`'s own integration tests: the use cases, the scheduler and the
-//! worker over the in-process queue and an in-memory SQLite store.
+//! worker over the in-process queue and an in-memory SQLite store, and
+//! schedules on both stores.
 
 mod engine;
 mod props;
+mod schedules;
 mod service;
 
 use std::sync::Arc;

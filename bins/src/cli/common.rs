@@ -1,7 +1,9 @@
 //! What several commands share: reading a definition file and `--input`,
-//! waiting for Ctrl-C, the exit code of an ended run, this host's name.
+//! waiting for Ctrl-C, the exit code of an ended run, this host's name,
+//! durations.
 
 use std::path::Path;
+use std::time::Duration;
 
 use flowforge_domain::{RunState, WorkflowDefinition};
 use serde_json::Value;
@@ -73,4 +75,36 @@ pub(crate) fn host() -> String {
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// `30d`, `12h`, `15m`, `90s`: a clap value parser.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not a duration: write a number with s, m, h or d, such as 30d");
+    let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (number, unit) = s.split_at(split);
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    let seconds = match unit {
+        "s" => Some(n),
+        "m" => n.checked_mul(60),
+        "h" => n.checked_mul(3600),
+        "d" => n.checked_mul(86_400),
+        _ => None,
+    }
+    .filter(|s| *s > 0)
+    .ok_or_else(bad)?;
+    Ok(Duration::from_secs(seconds))
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_and_bad_ones_say_how() {
+        assert_eq!(parse_duration("30d"), Ok(Duration::from_secs(30 * 86_400)));
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        for bad in ["", "d", "30", "30w", "0h", "-1d"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -21,6 +21,7 @@ pub(crate) mod processes;
 pub(crate) mod progress;
 pub(crate) mod run;
 pub(crate) mod runs;
+pub(crate) mod schedules;
 pub(crate) mod server;
 pub(crate) mod store;
 pub(crate) mod submit;
@@ -238,6 +239,10 @@ pub(crate) enum Command {
     /// The API's bearer tokens: create, list, revoke.
     #[command(subcommand)]
     Tokens(tokens::Command),
+    /// Runs on a clock: create, list, pause, resume, delete, backfill.
+    /// `flowforge server` (SQLite) and `flowforge scheduler` fire them.
+    #[command(subcommand)]
+    Schedules(schedules::Command),
 }
 
 impl Command {
@@ -278,6 +283,7 @@ async fn run_async(global: Global, command: Command) -> anyhow::Result<Exit> {
         Command::Workers(cmd) => workers::run(&global, cmd).await,
         Command::Server(args) => server::run(&global, &args).await,
         Command::Tokens(cmd) => tokens::run(&global, cmd).await,
+        Command::Schedules(cmd) => schedules::run(&global, cmd).await,
         Command::Validate(_) | Command::Graph(_) => unreachable!("handled without a runtime"),
     }
 }

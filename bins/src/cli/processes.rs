@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use flowforge::{BuiltinOptions, HTTP_TASK_TYPE, HandlerRegistry, HttpTask, HttpTaskOptions};
+use flowforge::{BuiltinOptions, HTTP_TASK_TYPE, HandlerRegistry, HttpTask, HttpTaskOptions, Service};
 use flowforge_adapters_rabbit::{DispatchWindow, RabbitConfig, RabbitPublisher, RabbitQueue};
 use flowforge_app::cache::DefinitionCache;
 use flowforge_app::process::run_registered;
@@ -164,14 +164,23 @@ pub(crate) async fn scheduler(global: &Global, args: &SchedulerArgs) -> anyhow::
     let shutdown = shutdown_on_signal();
     args.metrics.expose(&shutdown).await?;
     with_store!(global, |store| {
+        let defs = Arc::new(DefinitionCache::new(store.clone()));
         let scheduler = Scheduler::new(
             store.clone(),
-            Arc::new(DefinitionCache::new(store)),
+            Arc::clone(&defs),
             Default::default(),
             SchedulerConfig::default(),
         );
+        // Every scheduler process fires the schedules too: the store
+        // decides each fire under a lock, so N of them fire each time once
+        // (docs/design/schedules.md#firing).
+        let schedules = Service::with_cache(store, defs).with_limits(global.limits());
         tracing::info!("scheduler started");
-        Ok(finished(scheduler.run(shutdown).await))
+        let (passes, fires) = tokio::join!(
+            scheduler.run(shutdown.clone()),
+            schedules.fire_schedules_until(shutdown)
+        );
+        Ok(finished(passes.and(fires)))
     })
 }
 

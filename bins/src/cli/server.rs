@@ -137,6 +137,13 @@ async fn serve<S: Store>(store: S, global: &Global, args: &Args, embedded: bool)
         max_wait: Duration::from_secs(args.request_timeout_seconds.saturating_sub(5).clamp(1, 25)),
         ..RemoteConfig::default()
     };
+    // SQLite: this process fires the schedules too; on PostgreSQL the
+    // `flowforge scheduler` processes do (docs/design/schedules.md#firing).
+    let firing = embedded.then(|| {
+        let service = service.clone();
+        let token = shutdown.clone();
+        tokio::spawn(async move { service.fire_schedules_until(token).await })
+    });
     let backend = Arc::new(ServiceBackend::new(service, types, remote));
     let state = ApiState::new(backend, config, Some(metrics), shutdown.clone());
     let listener = match flowforge_adapters_http::bind(args.listen).await {
@@ -159,10 +166,19 @@ async fn serve<S: Store>(store: S, global: &Global, args: &Args, embedded: bool)
     let router = flowforge_adapters_http::router(state);
     let grace = Duration::from_secs(args.shutdown_grace_seconds);
     let served = flowforge_adapters_http::serve(listener, router, shutdown, grace).await;
-    let stopped = match serving {
+    let mut stopped = match serving {
         Some(serving) => serving.stop().await,
         None => Ok(()),
     };
+    if let Some(firing) = firing {
+        let fired = firing.await.unwrap_or_else(|e| {
+            Err(flowforge::Error::LoopPanicked {
+                what: "schedule firing",
+                message: e.to_string(),
+            })
+        });
+        stopped = stopped.and(fired);
+    }
     if let Err(e) = served {
         eprintln!("error: {e}");
         return Ok(Exit::Infrastructure);

@@ -8,6 +8,7 @@ use flowforge_app::tokens::{self, ApiScope};
 use flowforge_ports::Store;
 use flowforge_ports::store::TokenStatus;
 
+use super::common::parse_duration;
 use super::store::with_store;
 use super::{Exit, Global, fail, print_report};
 
@@ -39,24 +40,6 @@ pub(crate) enum Command {
 
 fn parse_scope(s: &str) -> Result<ApiScope, String> {
     s.parse().map_err(|e: tokens::UnknownScope| e.to_string())
-}
-
-/// `30d`, `12h`, `15m`, `90s`.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("{s:?} is not a duration: write a number with s, m, h or d, such as 30d");
-    let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-    let (number, unit) = s.split_at(split);
-    let n: u64 = number.parse().map_err(|_| bad())?;
-    let seconds = match unit {
-        "s" => Some(n),
-        "m" => n.checked_mul(60),
-        "h" => n.checked_mul(3600),
-        "d" => n.checked_mul(86_400),
-        _ => None,
-    }
-    .filter(|s| *s > 0)
-    .ok_or_else(bad)?;
-    Ok(Duration::from_secs(seconds))
 }
 
 /// Runs a `tokens` subcommand.
@@ -115,20 +98,6 @@ async fn execute<S: Store>(store: &S, command: Command) -> anyhow::Result<Exit> 
                 eprintln!("error: no active token named '{name}'");
                 Ok(Exit::Invalid)
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_parse_and_bad_ones_say_how() {
-        assert_eq!(parse_duration("30d"), Ok(Duration::from_secs(30 * 86_400)));
-        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
-        for bad in ["", "d", "30", "30w", "0h", "-1d"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }
 }

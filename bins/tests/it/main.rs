@@ -19,6 +19,7 @@ mod hook;
 mod poison;
 mod run;
 mod scenarios;
+mod schedules;
 mod secrets;
 mod server;
 mod traces;

@@ -136,6 +136,10 @@ macro_rules! store_contract_tests {
             waiting_work_ages_ahead_of_later_urgent_work,
             a_conditional_task_waits_on_a_hold_and_comes_back_as_written,
             skips_and_condition_failures_flag_what_they_move,
+            racing_fires_record_a_fire_time_once,
+            overlap_is_decided_under_the_lock_and_a_buffered_fire_starts_later,
+            missed_times_pauses_and_resumes_move_the_cursor_as_told,
+            a_backfill_starts_each_fire_time_once,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
@@ -171,6 +175,7 @@ mod queries;
 mod reads;
 mod reaper;
 mod retry;
+mod schedules;
 
 pub use api::*;
 pub use claims::*;
@@ -190,6 +195,7 @@ pub use queries::*;
 pub use reads::*;
 pub use reaper::*;
 pub use retry::*;
+pub use schedules::*;
 
 pub(super) fn definition(v: Value) -> WorkflowDefinition {
     let doc: WorkflowDocument = serde_json::from_value(v).expect("a well-formed test document");

@@ -1,5 +1,5 @@
-//! The store ports: definitions, runs and task runs, the outbox, workers and
-//! wake-ups. Written so that SQLite and PostgreSQL implement them alike.
+//! The store ports: definitions, runs and task runs, the outbox, workers,
+//! schedules and wake-ups. Written so that SQLite and PostgreSQL implement them alike.
 //!
 //! Every task-run transition is ONE conditional UPDATE decided by the database,
 //! with its event row written in the same transaction only when the UPDATE
@@ -10,12 +10,14 @@
 //! argument.
 
 mod error;
+mod schedules;
 mod tokens;
 mod values;
 
 pub use error::{
     Error, KnownMigration, LoadError, PublishError, TransitionError, check_migrations, resolve_generic_transition,
 };
+pub use schedules::{Fire, FireCounts, FireStart, FireView, Fired, NewSchedule, ScheduleStore, ScheduleView};
 pub use tokens::{NewToken, TokenError, TokenStatus, TokenStore, TokenView};
 pub use values::{
     Activity, CancelOutcome, Claim, DefinitionSummary, DependencyOutcomes, EventView, FinishResult, GateCheck, Gauges,
@@ -595,6 +597,9 @@ pub trait WorkerRegistry: Send + Sync + 'static {
 }
 
 /// Everything a FlowForge store provides.
-pub trait Store: DefinitionStore + RunStore + OutboxStore + WorkerRegistry + TokenStore + Clone {}
+pub trait Store:
+    DefinitionStore + RunStore + OutboxStore + WorkerRegistry + TokenStore + ScheduleStore + Clone
+{
+}
 
-impl<T: DefinitionStore + RunStore + OutboxStore + WorkerRegistry + TokenStore + Clone> Store for T {}
+impl<T: DefinitionStore + RunStore + OutboxStore + WorkerRegistry + TokenStore + ScheduleStore + Clone> Store for T {}

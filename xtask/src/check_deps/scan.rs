@@ -20,8 +20,9 @@ const FORBIDDEN_STD_MODULES: &[&str] = &["env", "fs", "net", "process", "thread"
 /// Crates whose mere naming means I/O or an async runtime.
 const FORBIDDEN_CRATES: &[&str] = &["hyper", "lapin", "mio", "reqwest", "socket2", "sqlx", "tokio"];
 
-/// Clock reads: `Type::now` for these types.
-const FORBIDDEN_CLOCKS: &[&str] = &["Instant", "SystemTime"];
+/// Clock reads: `Type::now` for these types (chrono's too: the domain
+/// uses its date types, and its clock is linked in by other crates).
+const FORBIDDEN_CLOCKS: &[&str] = &["Instant", "Local", "SystemTime", "Utc"];
 
 /// One forbidden path found in a source file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -468,6 +469,10 @@ fn f<'a>(x: &'a str, d: Duration) -> Vec<&'a str> {
         hits(
             "fn f() { let t = SystemTime::now(); }\nfn g() { let t = std::time::Instant::now(); }\nuse std::time::Instant;\n",
             &[(1, "SystemTime::now"), (2, "Instant::now")],
+        );
+        hits(
+            "fn f() { let t = chrono::Utc::now(); }\nfn g() { let t = Local::now(); }\n",
+            &[(1, "Utc::now"), (2, "Local::now")],
         );
     }
 

@@ -9,6 +9,7 @@ mod events;
 mod http_tasks;
 mod python_worker;
 mod runs;
+mod schedules;
 mod worker_api;
 
 use std::ffi::OsStr;
