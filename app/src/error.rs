@@ -98,7 +98,7 @@ pub enum Error {
     ScheduleNotFound(String),
     /// A backfill's range cannot be started as asked.
     #[error("backfill refused: {0}")]
-    BackfillRefused(String),
+    BackfillRefused(#[from] flowforge_domain::schedule::BackfillRefusal),
     /// Another retry of the run (or a late write) changed it first.
     #[error("run {0} changed while this retry was being applied (another retry won); read it again")]
     RetryLost(RunId),

@@ -5,7 +5,8 @@
 //! the store decides each fire under a lock, so any number of loops may
 //! run against one store.
 
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use flowforge_domain::Priority;
@@ -170,17 +171,8 @@ impl<S: Store> Service<S> {
         dry_run: bool,
     ) -> Result<Vec<BackfillFire>, Error> {
         let view = self.schedule(name).await?;
-        if from > to {
-            return Err(Error::BackfillRefused(format!("--from {from} is after --to {to}")));
-        }
         let cron = Cron::parse(&view.spec.cron, &view.spec.timezone)?;
-        let times = schedule::backfill(&cron, from, to).map_err(|count| {
-            Error::BackfillRefused(format!(
-                "{from} to {to} holds {count} fire times, more than the {} one backfill may start; \
-                 split it into smaller ranges",
-                schedule::MAX_BACKFILL
-            ))
-        })?;
+        let times = schedule::backfill(&cron, view.cursor, from, to)?;
         let limit = u32::try_from(schedule::MAX_BACKFILL).unwrap_or(u32::MAX);
         let recorded = self.store().schedule_fires(view.id, from, to, limit).await?;
         let now = self.store().store_now().await?;
@@ -197,8 +189,12 @@ impl<S: Store> Service<S> {
                             crate::metrics::schedule_fired(&view.spec.name, FireOutcome::Started, 1);
                             BackfillOutcome::Started(run)
                         }
-                        // A scheduler fired it since the read above.
-                        None => BackfillOutcome::AlreadyRecorded(FireOutcome::Started),
+                        // Another backfill recorded it since the read above.
+                        None => {
+                            let recorded = self.store().schedule_fires(view.id, at, at, 1).await?;
+                            let outcome = recorded.first().map_or(FireOutcome::Started, |f| f.outcome);
+                            BackfillOutcome::AlreadyRecorded(outcome)
+                        }
                     }
                 }
             };
@@ -224,18 +220,26 @@ impl<S: Store> Service<S> {
     /// fails is logged and counted, and the others go on; its cursor stays,
     /// so the next look tries it again.
     pub async fn fire_schedules(&self) -> Result<FireTally, Error> {
+        Ok(self.fire_schedules_except(&BTreeSet::new()).await?.0)
+    }
+
+    /// [`Service::fire_schedules`], leaving out the schedules `resting`;
+    /// also returns the ids of those that failed.
+    async fn fire_schedules_except(&self, resting: &BTreeSet<i64>) -> Result<(FireTally, BTreeSet<i64>), Error> {
         let now = self.store().store_now().await?;
         let mut tally = FireTally::default();
+        let mut failed = BTreeSet::new();
         for view in self.store().list_schedules().await? {
-            if view.paused {
+            if view.paused || resting.contains(&view.id) {
                 continue;
             }
             if let Err(e) = self.fire_schedule(&view, now, &mut tally).await {
                 tally.failed += 1;
+                failed.insert(view.id);
                 tracing::error!(schedule = %view.spec.name, error = %e, "could not fire the schedule");
             }
         }
-        Ok(tally)
+        Ok((tally, failed))
     }
 
     async fn fire_schedule(&self, view: &ScheduleView, now: DateTime<Utc>, tally: &mut FireTally) -> Result<(), Error> {
@@ -342,14 +346,18 @@ impl<S: Store> Service<S> {
     pub async fn fire_schedules_until(&self, shutdown: CancellationToken) -> Result<(), Error> {
         let notifier = self.store().notifier().await?;
         let mut failures = 0u32;
+        // A schedule that could not fire rests a while before it is tried
+        // again (its fire time stays due), without holding the others back.
+        let mut resting: BTreeMap<i64, Instant> = BTreeMap::new();
         loop {
-            let wait = match self.fire_schedules().await {
-                // A schedule that cannot fire is tried again in a while,
-                // not at once: its fire time stays due.
-                Ok(tally) if tally.failed > 0 => LOOK_EVERY,
-                Ok(_) => {
+            resting.retain(|_, since| since.elapsed() < LOOK_EVERY);
+            let skip: BTreeSet<i64> = resting.keys().copied().collect();
+            let wait = match self.fire_schedules_except(&skip).await {
+                Ok((_, failed)) => {
                     failures = 0;
-                    self.until_next_fire().await
+                    resting.extend(failed.into_iter().map(|id| (id, Instant::now())));
+                    let skip: BTreeSet<i64> = resting.keys().copied().collect();
+                    self.until_next_fire(&skip).await
                 }
                 Err(e) => {
                     failures += 1;
@@ -366,13 +374,15 @@ impl<S: Store> Service<S> {
         }
     }
 
-    /// How long until the earliest next fire time (at most [`LOOK_EVERY`]).
-    async fn until_next_fire(&self) -> Duration {
+    /// How long until the earliest next fire time of the schedules not
+    /// `resting` (at most [`LOOK_EVERY`]).
+    async fn until_next_fire(&self, resting: &BTreeSet<i64>) -> Duration {
         let (Ok(now), Ok(schedules)) = (self.store().store_now().await, self.store().list_schedules().await) else {
             return LOOK_EVERY;
         };
         schedules
             .iter()
+            .filter(|s| !resting.contains(&s.id))
             .filter_map(next_fire)
             .min()
             // Fire times are whole minutes: wake just past one, not before.

@@ -353,13 +353,58 @@ pub fn catch_up(cron: &Cron, cursor: DateTime<Utc>, now: DateTime<Utc>, window: 
     CatchUp { missed, due }
 }
 
-/// The fire times a backfill from `from` to `to` (both included) starts,
-/// or how many there are when more than [`MAX_BACKFILL`].
-pub fn backfill(cron: &Cron, from: DateTime<Utc>, to: DateTime<Utc>) -> Result<Vec<DateTime<Utc>>, usize> {
-    let before = from - TimeDelta::milliseconds(1);
+/// Why a backfill's range was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackfillRefusal {
+    /// `from` is after `to`.
+    #[error("from ({from}) is after to ({to})")]
+    Reversed {
+        /// The range's start.
+        from: DateTime<Utc>,
+        /// The range's end.
+        to: DateTime<Utc>,
+    },
+    /// `to` is after the schedule's cursor: those fire times are the
+    /// scheduler's to fire (a backfilled one would stand in its way).
+    #[error(
+        "to ({to}) is after the last fire time the schedule has handled ({cursor}); \
+         the scheduler fires what comes after it, so backfill up to {cursor} at most"
+    )]
+    Ahead {
+        /// The range's end.
+        to: DateTime<Utc>,
+        /// The schedule's cursor.
+        cursor: DateTime<Utc>,
+    },
+    /// More fire times than one backfill may start.
+    #[error(
+        "the range holds more than {MAX_BACKFILL} fire times, the most one backfill may start; split it into smaller ranges"
+    )]
+    TooMany,
+}
+
+/// The fire times a backfill from `from` to `to` (both included) of a
+/// schedule whose cursor is `cursor` starts: at most [`MAX_BACKFILL`], and
+/// none after the cursor, which only moves forward, so the scheduler never
+/// meets a backfilled fire time.
+pub fn backfill(
+    cron: &Cron,
+    cursor: DateTime<Utc>,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Result<Vec<DateTime<Utc>>, BackfillRefusal> {
+    if from > to {
+        return Err(BackfillRefusal::Reversed { from, to });
+    }
+    if to > cursor {
+        return Err(BackfillRefusal::Ahead { to, cursor });
+    }
+    let before = from
+        .checked_sub_signed(TimeDelta::milliseconds(1))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC);
     let fires = cron.fires(before, to, MAX_BACKFILL + 1);
     if fires.len() > MAX_BACKFILL {
-        return Err(cron.fires(before, to, usize::MAX).len());
+        return Err(BackfillRefusal::TooMany);
     }
     Ok(fires)
 }
@@ -505,18 +550,30 @@ mod tests {
     }
 
     #[test]
-    fn a_backfill_includes_both_ends_and_refuses_too_many() {
+    fn a_backfill_includes_both_ends_and_refuses_what_it_should_not_start() {
         let c = cron("0 * * * *", "UTC");
-        let fires = backfill(&c, utc(2026, 6, 1, 9, 0), utc(2026, 6, 1, 11, 0)).expect("three");
+        let cursor = utc(2026, 6, 1, 12, 0);
+        let fires = backfill(&c, cursor, utc(2026, 6, 1, 9, 0), utc(2026, 6, 1, 11, 0)).expect("three");
         assert_eq!(
             fires,
             vec![utc(2026, 6, 1, 9, 0), utc(2026, 6, 1, 10, 0), utc(2026, 6, 1, 11, 0)]
         );
         let every_minute = cron("* * * * *", "UTC");
         assert_eq!(
-            backfill(&every_minute, utc(2026, 6, 1, 0, 0), utc(2026, 6, 2, 0, 0)),
-            Err(24 * 60 + 1)
+            backfill(&every_minute, cursor, utc(2026, 5, 1, 0, 0), utc(2026, 6, 1, 0, 0)),
+            Err(BackfillRefusal::TooMany)
         );
+        // Any range, however wide, is refused without walking all of it.
+        assert_eq!(
+            backfill(&every_minute, cursor, DateTime::<Utc>::MIN_UTC, cursor),
+            Err(BackfillRefusal::TooMany)
+        );
+        assert!(matches!(
+            backfill(&c, cursor, cursor, cursor - TimeDelta::hours(1)),
+            Err(BackfillRefusal::Reversed { .. })
+        ));
+        let ahead = backfill(&c, cursor, cursor, cursor + TimeDelta::hours(1));
+        assert!(matches!(ahead, Err(BackfillRefusal::Ahead { .. })), "{ahead:?}");
     }
 
     #[test]

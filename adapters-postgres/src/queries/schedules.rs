@@ -93,14 +93,16 @@ WHERE id = $2"
 
 /// A fire's run, recorded before the run is created in the same
 /// transaction: fire `$3` of schedule `$2` `started` run `$4`, by a
-/// backfill when `$5` (which leaves the cursor where it is), `$6` missed
-/// times counted. No row: the fire time is already recorded.
+/// backfill when `$5` (which leaves the cursor where it is, and records
+/// nothing after it), `$6` missed times counted. No row: the fire time is
+/// already recorded, or a backfill's is after the cursor.
 pub const FIRE_STARTED: &str = concat!(
     "WITH fired AS (
     INSERT INTO schedule_fire (schedule_id, fire_time, outcome, run_id, backfill, recorded_at)
-    VALUES ($2, $3, 'started', $4, $5, ",
+    SELECT $2, $3, 'started', $4, $5, ",
     now!(),
-    ")
+    "
+    WHERE NOT $5 OR $3 <= (SELECT cursor FROM schedule WHERE id = $2)
     ON CONFLICT DO NOTHING RETURNING 1
 )
 UPDATE schedule SET started = started + 1, cursor = CASE WHEN $5 THEN cursor ELSE $3 END, missed = missed + $6

@@ -129,13 +129,14 @@ pub(crate) const BUFFERED_STARTED: &str = "UPDATE schedule_fire SET run_id = ?4 
 
 /// backfill_fire's first call: the write lock, and fire `?3` of schedule
 /// `?2` recorded `started` by run `?4` as a backfill unless the fire time
-/// already has an outcome (then no row, and nothing counted).
+/// already has an outcome or is after the cursor (then no row, and
+/// nothing counted).
 pub(crate) const BACKFILL_BEGIN: &str = concat!(
     "BEGIN IMMEDIATE; \
      INSERT INTO schedule_fire (schedule_id, fire_time, outcome, run_id, backfill, recorded_at) \
-     VALUES (?2, ?3, 'started', ?4, 1, ",
+     SELECT ?2, ?3, 'started', ?4, 1, ",
     now!(),
-    ") ON CONFLICT DO NOTHING RETURNING fire_time; \
+    " WHERE ?3 <= (SELECT cursor FROM schedule WHERE id = ?2) ON CONFLICT DO NOTHING RETURNING fire_time; \
      UPDATE schedule SET started = started + changes() WHERE id = ?2"
 );
 

@@ -370,7 +370,7 @@ async fn backfill_dry_run_starts_nothing_and_a_real_one_starts_each_time_once<S:
     assert_eq!(service.schedule("etl").await.expect("schedule").counts.started, 3);
     let refused = service.backfill("etl", hour - TimeDelta::days(60), hour, false).await;
     assert!(
-        matches!(&refused, Err(e) if e.to_string().contains("more than the 1000")),
+        matches!(&refused, Err(e) if e.to_string().contains("more than 1000 fire times")),
         "{refused:?}"
     );
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use flowforge::Service;
-use flowforge_app::schedules::{BackfillOutcome, ScheduleRequest, next_fire};
 use flowforge_adapters_http::views::ScheduleBody;
+use flowforge_app::schedules::{BackfillOutcome, ScheduleRequest, next_fire};
 use flowforge_domain::schedule::Overlap;
 use flowforge_ports::Store;
 use flowforge_ports::store::ScheduleView;
@@ -75,7 +75,8 @@ pub(crate) enum Command {
         /// The schedule's name.
         name: String,
     },
-    /// Start a run for each fire time from --from to --to (both included)
+    /// Start a run for each fire time from --from to --to (both included,
+    /// at most 1000, none after the last fire time the schedule handled)
     /// that has no outcome yet, whatever the overlap policy.
     Backfill {
         /// The schedule's name.

@@ -245,6 +245,13 @@ pub async fn a_backfill_starts_each_fire_time_once<F: StoreFactory>(factory: &F)
         .expect("backfill while the first is pending");
     assert!(second.is_some(), "a backfill ignores the overlap policy");
     assert_eq!(s.backfill_fire(view.id, earlier, &start).await.expect("again"), None);
+    assert_eq!(
+        s.backfill_fire(view.id, view.cursor + TimeDelta::hours(1), &start)
+            .await
+            .expect("ahead"),
+        None,
+        "a time after the cursor is the scheduler's"
+    );
     let got = s.get_schedule("backfill").await.expect("get").expect("exists");
     assert_eq!((got.cursor, got.counts.started), (view.cursor, 2));
     let fires = s

@@ -227,7 +227,9 @@ pub trait ScheduleStore: Send + Sync + 'static {
     /// Starts the run of fire time `at` for a backfill, recorded `started`
     /// and marked as backfilled, whatever the overlap policy and without
     /// moving the cursor. `Ok(None)`: that fire time already has an
-    /// outcome; nothing was written.
+    /// outcome, or is after the cursor (the scheduler's to fire: since the
+    /// cursor only moves forward, a fire never meets a backfilled time);
+    /// nothing was written.
     fn backfill_fire(
         &self,
         schedule: i64,
