@@ -16,19 +16,20 @@ use crate::problem::Problem;
 
 /// The shareable page URLs (axum paths): each serves the shell. They are
 /// pages, not API routes, so the OpenAPI document leaves them out.
-pub const PAGES: [&str; 5] = [
+pub const PAGES: [&str; 6] = [
     "/",
     "/runs/{id}",
     "/definitions",
     "/definitions/{name}",
     "/definitions/{name}/versions/{version}",
+    "/schedules",
 ];
 
 /// Where the assets are served.
 pub const ASSETS: &str = "/ui/{file}";
 
 /// The assets: name, media type, bytes; the shell first.
-const FILES: [(&str, &str, &[u8]); 9] = [
+const FILES: [(&str, &str, &[u8]); 10] = [
     (
         "index.html",
         "text/html; charset=utf-8",
@@ -73,6 +74,11 @@ const FILES: [(&str, &str, &[u8]); 9] = [
         "definitions.js",
         "text/javascript; charset=utf-8",
         include_bytes!("../ui/definitions.js"),
+    ),
+    (
+        "schedules.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("../ui/schedules.js"),
     ),
 ];
 

@@ -7,6 +7,7 @@ import { go, report } from "./dom.js";
 import * as runs from "./runs.js";
 import * as run from "./run.js";
 import * as definitions from "./definitions.js";
+import * as schedules from "./schedules.js";
 
 const ROUTES = [
   [/^\/$/, "runs", (m) => runs.mount(m)],
@@ -15,6 +16,7 @@ const ROUTES = [
   [/^\/definitions\/([^/]+)$/, "definitions", (m) => definitions.mountVersions(decodeURIComponent(m[1]))],
   [/^\/definitions\/([^/]+)\/versions\/(\d+)$/, "definition",
     (m) => definitions.mountVersion(decodeURIComponent(m[1]), Number(m[2]))],
+  [/^\/schedules$/, "schedules", () => schedules.mount()],
 ];
 
 let unmount = null;

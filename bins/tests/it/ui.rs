@@ -641,3 +641,48 @@ async fn a_2000_task_run_drawn_node_by_node_is_interactive() {
         .await;
     browser.close().await;
 }
+
+#[tokio::test]
+async fn the_schedules_page_lists_a_schedule_and_pauses_and_resumes_it() {
+    let Some((api, browser)) = setup("ui-schedules", &[]).await else {
+        return;
+    };
+    api.publish(&slow_diamond()).await;
+    let created = api
+        .post(
+            "/api/v1/schedules",
+            &json!({"name": "nightly", "workflow": "slow-diamond", "cron": "0 3 * * *", "timezone": "Europe/Paris"}),
+        )
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(created.status().as_u16(), 201);
+    open(&api, &browser, "/").await;
+    browser.click("nav a[data-nav=\"schedules\"]").await;
+    browser
+        .wait_for("tr[data-schedule=\"nightly\"][data-paused=\"false\"]")
+        .await;
+    let next = browser
+        .js(
+            "return document.querySelector('tr[data-schedule=\"nightly\"] td[data-next-fire]').dataset.nextFire",
+            vec![],
+        )
+        .await;
+    let listed = api.get_json("/api/v1/schedules/nightly", 200).await;
+    assert_eq!(next, listed["next_fire"], "the page shows the API's next fire time");
+    browser
+        .click("tr[data-schedule=\"nightly\"] button[data-action=\"pause\"]")
+        .await;
+    browser
+        .wait_for("tr[data-schedule=\"nightly\"][data-paused=\"true\"]")
+        .await;
+    assert_eq!(api.get_json("/api/v1/schedules/nightly", 200).await["paused"], true);
+    browser
+        .click("tr[data-schedule=\"nightly\"] button[data-action=\"resume\"]")
+        .await;
+    browser
+        .wait_for("tr[data-schedule=\"nightly\"][data-paused=\"false\"]")
+        .await;
+    assert_eq!(api.get_json("/api/v1/schedules/nightly", 200).await["paused"], false);
+    browser.close().await;
+}
