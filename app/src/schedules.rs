@@ -84,6 +84,16 @@ pub struct FireTally {
     pub failed: u64,
 }
 
+/// What one look at the schedules did, and how long until the next.
+struct Look {
+    tally: FireTally,
+    /// The schedules that could not fire.
+    failed: BTreeSet<i64>,
+    /// Until the earliest next fire time of the others (at most
+    /// [`LOOK_EVERY`]).
+    wait: Duration,
+}
+
 /// The next fire time of a schedule, or `None` while it is paused (or
 /// its pattern never fires again).
 pub fn next_fire(schedule: &ScheduleView) -> Option<DateTime<Utc>> {
@@ -220,26 +230,44 @@ impl<S: Store> Service<S> {
     /// fails is logged and counted, and the others go on; its cursor stays,
     /// so the next look tries it again.
     pub async fn fire_schedules(&self) -> Result<FireTally, Error> {
-        Ok(self.fire_schedules_except(&BTreeSet::new()).await?.0)
+        Ok(self.fire_schedules_except(&BTreeSet::new()).await?.tally)
     }
 
     /// [`Service::fire_schedules`], leaving out the schedules `resting`;
-    /// also returns the ids of those that failed.
-    async fn fire_schedules_except(&self, resting: &BTreeSet<i64>) -> Result<(FireTally, BTreeSet<i64>), Error> {
+    /// also says which failed and, from the same read, how long until the
+    /// next fire time of those that did not.
+    async fn fire_schedules_except(&self, resting: &BTreeSet<i64>) -> Result<Look, Error> {
         let now = self.store().store_now().await?;
         let mut tally = FireTally::default();
         let mut failed = BTreeSet::new();
+        let mut next: Option<DateTime<Utc>> = None;
         for view in self.store().list_schedules().await? {
             if view.paused || resting.contains(&view.id) {
                 continue;
             }
-            if let Err(e) = self.fire_schedule(&view, now, &mut tally).await {
-                tally.failed += 1;
-                failed.insert(view.id);
-                tracing::error!(schedule = %view.spec.name, error = %e, "could not fire the schedule");
+            match self.fire_schedule(&view, now, &mut tally).await {
+                // Every fire time up to now is handled: the next is after it.
+                Ok(()) => {
+                    let own = Cron::parse(&view.spec.cron, &view.spec.timezone)
+                        .ok()
+                        .and_then(|c| c.next_after(now));
+                    next = match (next, own) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+                Err(e) => {
+                    tally.failed += 1;
+                    failed.insert(view.id);
+                    tracing::error!(schedule = %view.spec.name, error = %e, "could not fire the schedule");
+                }
             }
         }
-        Ok((tally, failed))
+        // Fire times are whole minutes: wake just past one, not before.
+        let wait = next.map_or(LOOK_EVERY, |next| {
+            ((next - now).to_std().unwrap_or(Duration::ZERO) + Duration::from_millis(5)).min(LOOK_EVERY)
+        });
+        Ok(Look { tally, failed, wait })
     }
 
     async fn fire_schedule(&self, view: &ScheduleView, now: DateTime<Utc>, tally: &mut FireTally) -> Result<(), Error> {
@@ -353,11 +381,10 @@ impl<S: Store> Service<S> {
             resting.retain(|_, since| since.elapsed() < LOOK_EVERY);
             let skip: BTreeSet<i64> = resting.keys().copied().collect();
             let wait = match self.fire_schedules_except(&skip).await {
-                Ok((_, failed)) => {
+                Ok(look) => {
                     failures = 0;
-                    resting.extend(failed.into_iter().map(|id| (id, Instant::now())));
-                    let skip: BTreeSet<i64> = resting.keys().copied().collect();
-                    self.until_next_fire(&skip).await
+                    resting.extend(look.failed.into_iter().map(|id| (id, Instant::now())));
+                    look.wait
                 }
                 Err(e) => {
                     failures += 1;
@@ -372,22 +399,5 @@ impl<S: Store> Service<S> {
                 () = flowforge_ports::Notifier::notified(&notifier, Topic::RunSettled) => {}
             }
         }
-    }
-
-    /// How long until the earliest next fire time of the schedules not
-    /// `resting` (at most [`LOOK_EVERY`]).
-    async fn until_next_fire(&self, resting: &BTreeSet<i64>) -> Duration {
-        let (Ok(now), Ok(schedules)) = (self.store().store_now().await, self.store().list_schedules().await) else {
-            return LOOK_EVERY;
-        };
-        schedules
-            .iter()
-            .filter(|s| !resting.contains(&s.id))
-            .filter_map(next_fire)
-            .min()
-            // Fire times are whole minutes: wake just past one, not before.
-            .map_or(LOOK_EVERY, |next| {
-                ((next - now).to_std().unwrap_or(Duration::ZERO) + Duration::from_millis(5)).min(LOOK_EVERY)
-            })
     }
 }
