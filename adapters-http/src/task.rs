@@ -173,6 +173,14 @@ impl HttpTask {
             None => None,
             Some(BodyFrom::Inputs) => Some(serde_json::to_vec(&ctx.inputs)),
             Some(BodyFrom::RunInput) => Some(serde_json::to_vec(&ctx.run_input)),
+            Some(BodyFrom::Item) => match &ctx.item {
+                Some(item) => Some(serde_json::to_vec(&item.item)),
+                None => {
+                    return Err(HandlerError::permanent(
+                        "http: body_from \"item\" sends a mapped task's item, and this task is not mapped",
+                    ));
+                }
+            },
         }
         .transpose()
         .map_err(|e| HandlerError::permanent(format!("http: cannot encode the request body: {e}")))?;
@@ -278,6 +286,8 @@ fn tls_config() -> Result<rustls::ClientConfig, rustls::Error> {
 enum BodyFrom {
     Inputs,
     RunInput,
+    /// A child of a mapped task: its item (docs/design/map.md#children).
+    Item,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -358,10 +368,11 @@ impl Spec {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s == "inputs" => Some(BodyFrom::Inputs),
             Some(Value::String(s)) if s == "run_input" => Some(BodyFrom::RunInput),
+            Some(Value::String(s)) if s == "item" => Some(BodyFrom::Item),
             Some(other) => {
                 return Err(bad(
                     "body_from",
-                    format!("expected \"inputs\", \"run_input\" or null, not {other}"),
+                    format!("expected \"inputs\", \"run_input\", \"item\" or null, not {other}"),
                 ));
             }
         };

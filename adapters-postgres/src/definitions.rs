@@ -8,6 +8,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use flowforge_domain::concurrency::stored_limits;
 use flowforge_domain::condition::Trigger;
+use flowforge_domain::map::stored_maps;
 use flowforge_domain::{Defaults, Priority, RetrySpec, TaskDocument, WorkflowDefinition, WorkflowDocument};
 use flowforge_ports::store::DefinitionSummary;
 use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, WorkflowId, store};
@@ -67,7 +68,7 @@ fn task_records(def: &WorkflowDefinition) -> Result<Value, store::Error> {
             "priority": doc.priority,
             "when_expr": doc.when,
             "trigger_rule": doc.trigger.map(Trigger::as_str),
-            "conditional": task.is_conditional(),
+            "conditional": task.holds(),
         }));
     }
     Ok(Value::Array(records))
@@ -95,6 +96,7 @@ fn rebuild(row: &WorkflowRow, tasks: Vec<TaskRow>) -> Result<WorkflowDefinition,
         ),
     };
     let (concurrency, mut task_limits) = stored_limits(&row.definition).map_err(|e| invalid(row, e))?;
+    let mut maps = stored_maps(&row.definition).map_err(|e| invalid(row, e))?;
     let mut documents = Vec::with_capacity(tasks.len());
     let mut limits = Vec::with_capacity(tasks.len());
     for (index, t) in tasks.into_iter().enumerate() {
@@ -132,6 +134,7 @@ fn rebuild(row: &WorkflowRow, tasks: Vec<TaskRow>) -> Result<WorkflowDefinition,
         limits.push((t.key.clone(), i64::from(t.max_attempts)));
         documents.push(TaskDocument {
             concurrency: task_limits.remove(&t.key),
+            map: maps.remove(&t.key),
             key: t.key,
             task_type: t.task_type,
             depends_on,

@@ -7,8 +7,9 @@ use std::fmt;
 use std::time::Duration;
 
 use flowforge_domain::derive::TaskTally;
-use flowforge_domain::{CancelReason, RunState, RunTransition, SkipReason, TaskRunState, run_machine};
-use flowforge_ports::store::{DependencyOutcomes, GateCheck, Wait};
+use flowforge_domain::map::Children;
+use flowforge_domain::{CancelReason, RunState, RunTransition, SkipReason, TaskRunState, TaskTransition, run_machine};
+use flowforge_ports::store::{Collect, DependencyOutcomes, GateCheck, Wait};
 use flowforge_ports::{Activity, LockedRun, PassTask, RunId, RunPass, Topic, WorkflowId, store};
 use serde_json::Value;
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -256,16 +257,76 @@ impl RunPass for PgRunPass {
         self.move_pending(queries::SKIP_PENDING, keys, reason.as_str()).await
     }
 
-    async fn fail_pending(&mut self, key: &str, error: &str) -> Result<bool, store::Error> {
+    async fn fail_pending(&mut self, key: &str, edge: TaskTransition, error: &str) -> Result<bool, store::Error> {
         self.activity = None;
         sqlx::query_scalar(queries::FAIL_PENDING)
             .bind(self.store.offset())
             .bind(self.run.id.0)
             .bind(key)
             .bind(error)
+            .bind(edge.as_str())
             .fetch_one(self.conn()?)
             .await
             .map_err(store_error)
+    }
+
+    async fn expand_map(&mut self, key: &str, size: u32) -> Result<bool, store::Error> {
+        self.activity = None;
+        let size = i32::try_from(size).map_err(|_| store::Error::Other(format!("map size {size} is too large")))?;
+        sqlx::query_scalar(queries::EXPAND_MAP)
+            .bind(self.store.offset())
+            .bind(self.run.id.0)
+            .bind(key)
+            .bind(size)
+            .fetch_one(self.conn()?)
+            .await
+            .map_err(store_error)
+    }
+
+    async fn map_children(&mut self, key: &str, waiting: u32) -> Result<Children, store::Error> {
+        let limit = i64::from(waiting);
+        let (size, succeeded, active, failed, waiting): (Option<i32>, i64, i64, Option<Value>, Vec<i32>) =
+            sqlx::query_as(queries::MAP_CHILDREN)
+                .bind(self.run.id.0)
+                .bind(key)
+                .bind(limit)
+                .fetch_one(self.conn()?)
+                .await
+                .map_err(store_error)?;
+        let count = |n: i64, what: &str| u32::try_from(n).map_err(|_| corrupt(format!("{what} {n} out of range")));
+        let failed = failed
+            .map(serde_json::from_value::<(i32, Option<String>)>)
+            .transpose()
+            .map_err(|e| corrupt(format!("run {}: a failed child of '{key}': {e}", self.run.id)))?
+            .map(|(i, e)| Ok::<_, store::Error>((to_u32(i, "task_run.map_index")?, e)))
+            .transpose()?;
+        Ok(Children {
+            size: size.map(|n| to_u32(n, "task_run.map_size")).transpose()?,
+            succeeded: count(succeeded, "succeeded children")?,
+            active: count(active, "active children")?,
+            failed,
+            waiting: waiting
+                .into_iter()
+                .map(|i| to_u32(i, "task_run.map_index"))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    async fn collect_map(&mut self, key: &str, limit: usize) -> Result<Collect, store::Error> {
+        self.activity = None;
+        let (moved, ready, bytes): (bool, bool, Option<i64>) = sqlx::query_as(queries::COLLECT_MAP)
+            .bind(self.store.offset())
+            .bind(self.run.id.0)
+            .bind(key)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_one(self.conn()?)
+            .await
+            .map_err(store_error)?;
+        Ok(match (moved, ready) {
+            (true, _) => Collect::Collected,
+            (false, true) => Collect::TooLarge(bytes.and_then(|b| u64::try_from(b).ok()).unwrap_or(u64::MAX)),
+            (false, false) => Collect::NotReady,
+        })
     }
 
     async fn pending_counts(&mut self, keys: &[String]) -> Result<Vec<(String, u32)>, store::Error> {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use flowforge_domain::concurrency::stored_limits;
 use flowforge_domain::condition::Trigger;
+use flowforge_domain::map::stored_maps;
 use flowforge_domain::{Defaults, Priority, RetrySpec, TaskDocument, WorkflowDefinition, WorkflowDocument};
 use flowforge_ports::store::DefinitionSummary;
 use flowforge_ports::{DefinitionStore, LoadError, PublishError, Published, WorkflowId, store};
@@ -79,7 +80,7 @@ fn task_rows(def: &WorkflowDefinition) -> Result<String, store::Error> {
             if let Some(trigger) = t.document().trigger {
                 row.insert("trigger_rule".into(), json!(trigger.as_str()));
             }
-            row.insert("conditional".into(), json!(t.is_conditional()));
+            row.insert("conditional".into(), json!(t.holds()));
             row.insert("max_attempts".into(), json!(def.retry_policy(t).max_attempts));
             Value::Object(row)
         })
@@ -105,6 +106,7 @@ fn assemble(w: WorkflowRow, rows: Vec<TaskRow>) -> Result<Published, LoadError> 
     };
     let version = u32::try_from(w.version).map_err(|_| invalid(format!("version {} is out of range", w.version)))?;
     let (concurrency, mut task_limits) = stored_limits(&written).map_err(invalid)?;
+    let mut maps = stored_maps(&written).map_err(invalid)?;
     let mut tasks = Vec::with_capacity(rows.len());
     let mut max_attempts = Vec::with_capacity(rows.len());
     for row in rows {
@@ -135,6 +137,7 @@ fn assemble(w: WorkflowRow, rows: Vec<TaskRow>) -> Result<Published, LoadError> 
         max_attempts.push((row.key.clone(), row.max_attempts));
         tasks.push(TaskDocument {
             concurrency: task_limits.remove(&row.key),
+            map: maps.remove(&row.key),
             key: row.key,
             task_type: row.task_type,
             depends_on,

@@ -29,8 +29,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowforge_domain::derive::TaskTally;
-use flowforge_domain::{CancelReason, RunState, RunTransition, SkipReason, TaskRunState, run_machine};
-use flowforge_ports::store::{DependencyOutcomes, GateCheck, Wait};
+use flowforge_domain::map::Children;
+use flowforge_domain::{CancelReason, RunState, RunTransition, SkipReason, TaskRunState, TaskTransition, run_machine};
+use flowforge_ports::store::{Collect, DependencyOutcomes, GateCheck, Wait};
 use flowforge_ports::{Activity, LockedRun, PassTask, RunId, RunPass, Topic, WorkflowId, store};
 use sqlx::sqlite::SqliteRow;
 
@@ -113,6 +114,7 @@ const TOUCHED: i64 = 3;
 const RUN_CHANGED: i64 = 4;
 const DECLARED: i64 = 5;
 const CREATED: i64 = 6;
+const SIZED: i64 = 7;
 const MEASURED: i64 = 9;
 
 fn measured(rows: &[SqliteRow]) -> Result<Measured, store::Error> {
@@ -325,12 +327,69 @@ impl RunPass for SqlitePass {
         self.move_pending(queries::SKIP_PENDING, keys, reason.as_str()).await
     }
 
-    async fn fail_pending(&mut self, key: &str, error: &str) -> Result<bool, store::Error> {
+    async fn fail_pending(&mut self, key: &str, edge: TaskTransition, error: &str) -> Result<bool, store::Error> {
         let wanted = serde_json::to_string(&[key]).map_err(|e| store::Error::Other(e.to_string()))?;
-        let rows = self
-            .change(self.query(queries::FAIL_PENDING).bind(wanted).bind(error.to_owned()))
-            .await?;
+        let q = self
+            .query(queries::FAIL_PENDING)
+            .bind(wanted)
+            .bind(error.to_owned())
+            .bind(edge.as_str());
+        let rows = self.change(q).await?;
         Ok(!touched_keys(&rows)?.is_empty())
+    }
+
+    async fn expand_map(&mut self, key: &str, size: u32) -> Result<bool, store::Error> {
+        let q = self
+            .query(queries::EXPAND_MAP)
+            .bind(key.to_owned())
+            .bind(i64::from(size));
+        let rows = self.change(q).await?;
+        Ok(!touched_keys(&rows)?.is_empty())
+    }
+
+    async fn map_children(&mut self, key: &str, waiting: u32) -> Result<Children, store::Error> {
+        let q = sql(queries::MAP_CHILDREN)
+            .bind(self.key.clone())
+            .bind(key.to_owned())
+            .bind(i64::from(waiting));
+        let rows = self.call(q).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| store::Error::Other(format!("run {}: no answer about '{key}'", self.run.id)))?;
+        let failed = col::<Option<String>>(row, 3)?
+            .map(|text| serde_json::from_str::<(u32, Option<String>)>(&text))
+            .transpose()
+            .map_err(|e| store::Error::Corrupt(format!("run {}: a failed child of '{key}': {e}", self.run.id)))?;
+        let waiting: Vec<u32> = serde_json::from_str(&col::<String>(row, 4)?)
+            .map_err(|e| store::Error::Corrupt(format!("run {}: the waiting children of '{key}': {e}", self.run.id)))?;
+        Ok(Children {
+            size: col::<Option<i64>>(row, 0)?
+                .map(|n| u32_of("task_run.map_size", n))
+                .transpose()?,
+            succeeded: u32_of("succeeded children", col(row, 1)?)?,
+            active: u32_of("active children", col(row, 2)?)?,
+            failed,
+            waiting,
+        })
+    }
+
+    async fn collect_map(&mut self, key: &str, limit: usize) -> Result<Collect, store::Error> {
+        let q = self
+            .query(queries::COLLECT_MAP)
+            .bind(key.to_owned())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX));
+        let rows = self.change(q).await?;
+        if !touched_keys(&rows)?.is_empty() {
+            return Ok(Collect::Collected);
+        }
+        let sized = tagged(&rows, SIZED)
+            .next()
+            .ok_or_else(|| store::Error::Other(format!("run {}: no size of '{key}'", self.run.id)))?;
+        Ok(if col::<bool>(sized, 1)? {
+            Collect::TooLarge(u64_of("collected bytes", col(sized, 2)?)?)
+        } else {
+            Collect::NotReady
+        })
     }
 
     async fn pending_counts(&mut self, keys: &[String]) -> Result<Vec<(String, u32)>, store::Error> {

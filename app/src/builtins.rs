@@ -49,7 +49,13 @@ pub fn register_builtins(registry: &mut HandlerRegistry, options: BuiltinOptions
     registry
         .register_fn("noop", |ctx| async move { Ok(noop(&ctx.config)) })
         .register_fn("echo", |ctx| async move {
-            Ok(json!({ "inputs": ctx.inputs, "run_input": ctx.run_input }))
+            let mut echoed = json!({ "inputs": ctx.inputs, "run_input": ctx.run_input });
+            // A child of a mapped task shows what it ran for.
+            if let Some(item) = ctx.item {
+                echoed["index"] = json!(item.index);
+                echoed["item"] = item.item;
+            }
+            Ok(echoed)
         })
         .register_fn("sleep", sleep)
         .register_fn("fail", |ctx| async move { fail(&ctx) });

@@ -1,5 +1,6 @@
 //! The `command` built-in: a child process in its own process group, fed
-//! `{"inputs", "run_input"}` on stdin, whose stdout becomes the output.
+//! `{"inputs", "run_input"}` (and a mapped task's child's `item` and
+//! `index`) on stdin, whose stdout becomes the output.
 //! On cancel or timeout the whole group gets SIGTERM, a grace period, then
 //! SIGKILL, so no grandchild outlives its task.
 //!
@@ -375,7 +376,13 @@ pub async fn run_command(ctx: &TaskContext, spec: &CommandSpec, grace: Duration)
         .and_then(|pid| GroupGuard::new(pid, marker))
         .ok_or_else(|| HandlerError::retryable("command: the child exited before its process group was known"))?;
 
-    let stdin_json = serde_json::to_vec(&json!({ "inputs": ctx.inputs, "run_input": ctx.run_input }))
+    let mut stdin = json!({ "inputs": ctx.inputs, "run_input": ctx.run_input });
+    // A child of a mapped task reads what it runs for.
+    if let Some(item) = &ctx.item {
+        stdin["index"] = json!(item.index);
+        stdin["item"] = item.item.clone();
+    }
+    let stdin_json = serde_json::to_vec(&stdin)
         .map_err(|e| HandlerError::permanent(format!("command: cannot encode stdin: {e}")))?;
     let stdin = child.stdin.take();
     let writer = tokio::spawn(async move {

@@ -327,6 +327,7 @@ where
             SchedulerConfig {
                 scope,
                 nudge,
+                output_limit: self.config.limits.task_output_bytes,
                 on_limit_cancel: Some(CancelHook::new({
                     let worker = Arc::clone(&self.worker);
                     move |run| {

@@ -8,8 +8,28 @@ use std::collections::BTreeMap;
 use flowforge_domain::TaskDefinition;
 use flowforge_domain::condition::Trigger;
 use flowforge_domain::plan::condition_inputs;
-use flowforge_ports::{RunId, RunStore, store};
+use flowforge_ports::{MapItem, RunId, RunStore, store};
 use serde_json::{Map, Value};
+
+/// The item child `index` of `task` runs for, picked from its source
+/// task's output among `outputs` (docs/design/map.md#children); `None`
+/// for a task run that is not a child. A source that no longer holds the
+/// item (its task ran again since) is an error the attempt fails with for
+/// good.
+pub(crate) fn map_item(
+    task: &TaskDefinition,
+    index: Option<u32>,
+    outputs: &Map<String, Value>,
+) -> Result<Option<MapItem>, String> {
+    let (Some(index), Some(spec)) = (index, task.map()) else {
+        return Ok(None);
+    };
+    let source = spec.source()?;
+    let output = outputs.get(&source.task).unwrap_or(&Value::Null);
+    flowforge_domain::map::item(spec, output, index)
+        .map(|item| Some(MapItem { index, item }))
+        .ok_or_else(|| format!("{} holds no item {index} any more", spec.over))
+}
 
 /// `outputs` (the succeeded dependencies' outputs, as `task_inputs` read
 /// them) as `task`'s trigger shows them. Only `all_done` reads the store

@@ -189,6 +189,7 @@ pub(crate) mod tests {
             run_input: json!({}),
             inputs: Default::default(),
             config: Default::default(),
+            item: None,
             cancel: CancellationToken::new(),
             pulse: Default::default(),
         }

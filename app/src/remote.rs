@@ -13,7 +13,7 @@ use flowforge_domain::limits::{self, Limits, ValueKind};
 use flowforge_ports::store::{
     Claim, DEFAULT_PRIORITY_AGING, FinishResult, LeaseStatus, TaskInputs, TaskOutcome, WorkerRegistration,
 };
-use flowforge_ports::{RunId, Store, TaskRunId, WorkerId, WorkflowId};
+use flowforge_ports::{MapItem, RunId, Store, TaskRunId, WorkerId, WorkflowId};
 use futures_util::StreamExt;
 use serde_json::{Map, Value};
 use tokio::time::Instant;
@@ -90,6 +90,9 @@ pub struct RemoteClaim {
     pub inputs: Map<String, Value>,
     /// The task's `config`.
     pub config: Map<String, Value>,
+    /// A child of a mapped task: its item and index
+    /// (docs/design/map.md#children).
+    pub item: Option<MapItem>,
     /// When the lease runs out unless renewed (store time).
     pub lease_expires_at: DateTime<Utc>,
     /// The lease length heartbeats renew.
@@ -305,7 +308,7 @@ impl<S: Store> RemoteWork<S> {
             }
         };
         let def = &published.definition;
-        let Some(task) = def.task(&claim.task_key) else {
+        let Some((task, index)) = def.task_of_run(&claim.task_key) else {
             let error = format!("task '{}' is not in the run's definition", claim.task_key);
             self.give_up(worker, &claim, fail(error, None)).await;
             return None;
@@ -349,6 +352,13 @@ impl<S: Store> RemoteWork<S> {
                 return None;
             }
         };
+        let item = match crate::inputs::map_item(task, index, &inputs.outputs) {
+            Ok(item) => item,
+            Err(error) => {
+                self.give_up(worker, &claim, fail(error, None)).await;
+                return None;
+            }
+        };
         let timeout = def.timeout(task);
         // In store time, as the lease is: the claim stamped it at
         // `lease_expires_at - lease`.
@@ -381,6 +391,7 @@ impl<S: Store> RemoteWork<S> {
             run_input: inputs.run_input,
             inputs: inputs.outputs,
             config: task.config().clone(),
+            item,
             lease_expires_at: claim.lease_expires_at,
             lease,
             deadline,
@@ -493,7 +504,7 @@ impl<S: Store> RemoteWork<S> {
         // Without its definition the task cannot be retried by its policy;
         // failing it for good is what a worker does then too.
         let published = self.defs.get(workflow).await.ok()?;
-        let task = published.definition.task(task_key)?;
+        let (task, _) = published.definition.task_of_run(task_key)?;
         published
             .definition
             .retry_policy(task)

@@ -9,9 +9,13 @@ use std::time::{Duration, Instant};
 
 use flowforge_domain::concurrency::Strategy;
 use flowforge_domain::derive::{CompensationProgress, TaskTally, Verdict, derive_run_state};
+use flowforge_domain::limits::DEFAULT_TASK_OUTPUT_BYTES;
+use flowforge_domain::map::{self, Expansion, Progress};
 use flowforge_domain::plan::{self, Decision};
-use flowforge_domain::{CancelReason, RunState, SkipReason, TaskRunState, TaskTransition, WorkflowDefinition};
-use flowforge_ports::store::{GateCheck, LockedRun, Notifier, RunPass, Topic, Wait};
+use flowforge_domain::{
+    CancelReason, RunState, SkipReason, TaskDefinition, TaskRunState, TaskTransition, WorkflowDefinition,
+};
+use flowforge_ports::store::{Collect, GateCheck, LockedRun, Notifier, PassTask, RunPass, Topic, Wait};
 use flowforge_ports::{RunEvent, RunId, Scope, Store, TaskEvent};
 use serde_json::Value;
 use tokio::sync::Notify;
@@ -54,8 +58,11 @@ struct Decided {
 enum Told {
     /// A skip, with its reason.
     Skipped(TaskEvent, SkipReason),
-    /// A condition that could not be evaluated.
+    /// A task failed before it ran: a condition that could not be
+    /// evaluated, a map that could not expand or a failed child.
     Failed(TaskEvent),
+    /// A mapped task collected its children's outputs.
+    Collected(TaskEvent),
 }
 
 /// Logs the tasks a pass skipped; returns what observers hear of them.
@@ -76,6 +83,105 @@ fn skips(run: RunId, def: &WorkflowDefinition, keys: &[String], reason: SkipReas
             Told::Skipped(event, reason)
         })
         .collect()
+}
+
+/// Logs a task the pass failed for good (its condition or its map);
+/// returns what observers hear of it.
+fn failed(run: RunId, task: &TaskDefinition, key: &str, error: String) -> Told {
+    tracing::warn!(run_id = %run, task_key = %key, %error, "task failed before it ran");
+    Told::Failed(event(run, task, key, Some(error)))
+}
+
+/// What observers hear of a task the pass moved itself.
+fn event(run: RunId, task: &TaskDefinition, key: &str, error: Option<String>) -> TaskEvent {
+    TaskEvent {
+        run_id: run,
+        task_key: key.to_owned(),
+        task_type: task.task_type().to_owned(),
+        compensate_for: None,
+        attempt: 1,
+        output: None,
+        error,
+        retry_in: None,
+    }
+}
+
+/// What advancing a pass's mapped tasks did.
+#[derive(Debug, Default)]
+struct Mapped {
+    /// Children released from the concurrency limit.
+    dispatched: usize,
+    /// Held-back children cancelled after a sibling failed.
+    cancelled: usize,
+    /// What observers hear once the pass has committed.
+    told: Vec<Told>,
+    /// A mapped task was collected or failed, and flagged for the pass.
+    reflagged: bool,
+}
+
+/// Advances each mapped task one of whose children just finished
+/// (docs/design/map.md#collecting): collects it once every child
+/// succeeded, fails it (cancelling the children it still held back) once
+/// one failed for good, or releases held-back children into the room
+/// its concurrency leaves.
+async fn advance_maps<P: RunPass>(
+    pass: &mut P,
+    def: &WorkflowDefinition,
+    flagged: &[PassTask],
+    limit: usize,
+) -> Result<Mapped, Error> {
+    let mut mapped = Mapped::default();
+    let parents: BTreeSet<&str> = flagged
+        .iter()
+        .filter(|t| !t.state.is_active())
+        .filter_map(|t| map::child_of(&t.key))
+        .map(|(parent, _)| parent)
+        .collect();
+    let run = pass.run().id;
+    for parent in parents {
+        let Some((task, spec)) = def.task(parent).and_then(|t| t.map().map(|m| (t, m))) else {
+            continue;
+        };
+        let room = spec.concurrency.unwrap_or(0);
+        let children = pass.map_children(parent, room).await?;
+        match map::progress(parent, spec, &children) {
+            Progress::Collect => match pass.collect_map(parent, limit).await? {
+                Collect::Collected => {
+                    tracing::info!(run_id = %run, task_key = %parent, "mapped task collected");
+                    mapped.reflagged = true;
+                    mapped.told.push(Told::Collected(event(run, task, parent, None)));
+                }
+                Collect::TooLarge(bytes) => {
+                    let error = format!(
+                        "{}: its children's outputs add up to {bytes} bytes of JSON; the limit \
+                         (max_task_output_bytes) is {limit} bytes",
+                        map::OUTPUT_TOO_LARGE
+                    );
+                    if pass.fail_pending(parent, TaskTransition::FailMap, &error).await? {
+                        mapped.reflagged = true;
+                        mapped.told.push(failed(run, task, parent, error));
+                    }
+                }
+                Collect::NotReady => {}
+            },
+            Progress::Fail(error) => {
+                if pass.fail_pending(parent, TaskTransition::FailMap, &error).await? {
+                    mapped.reflagged = true;
+                    mapped.told.push(failed(run, task, parent, error));
+                    let size = children.size.unwrap_or(0);
+                    let held = pass.map_children(parent, size).await?.waiting;
+                    let keys: Vec<String> = held.into_iter().map(|i| map::child_key(parent, i)).collect();
+                    mapped.cancelled += pass.cancel_pending(&keys, CancelReason::UpstreamFailed).await?.len();
+                }
+            }
+            Progress::Release(indexes) => {
+                let keys: Vec<(String, u32)> = indexes.into_iter().map(|i| (map::child_key(parent, i), 1)).collect();
+                mapped.dispatched += pass.satisfy_dependencies(&keys).await?.len();
+            }
+            Progress::Wait => {}
+        }
+    }
+    Ok(mapped)
 }
 
 /// What one scheduler pass over its scope did.
@@ -113,6 +219,9 @@ pub struct SchedulerConfig {
     /// is committed, so an engine running its handlers in this process
     /// stops them at once instead of at their next heartbeat.
     pub on_limit_cancel: Option<CancelHook>,
+    /// The most bytes of JSON a mapped task's collected output may take:
+    /// the task output limit (docs/design/map.md#collecting).
+    pub output_limit: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -123,6 +232,7 @@ impl Default for SchedulerConfig {
             safety_net: Duration::from_secs(30),
             nudge: None,
             on_limit_cancel: None,
+            output_limit: DEFAULT_TASK_OUTPUT_BYTES,
         }
     }
 }
@@ -363,6 +473,11 @@ impl<S: Store> Scheduler<S> {
                     outcome.dispatched += decided.dispatched;
                     reflagged |= decided.reflagged;
                     told.extend(decided.told);
+                    let mapped = advance_maps(&mut pass, def, &flagged, self.config.output_limit).await?;
+                    outcome.dispatched += mapped.dispatched;
+                    outcome.cancelled += mapped.cancelled;
+                    reflagged |= mapped.reflagged;
+                    told.extend(mapped.told);
                 }
             }
             first_round = false;
@@ -454,6 +569,7 @@ impl<S: Store> Scheduler<S> {
             match change {
                 Told::Skipped(event, reason) => self.observers.task_skipped(&event, reason),
                 Told::Failed(event) => self.observers.task_failed(&event),
+                Told::Collected(event) => self.observers.task_succeeded(&event),
             }
         }
 
@@ -480,7 +596,7 @@ impl<S: Store> Scheduler<S> {
         let mut decided = Decided::default();
         let keys: Vec<String> = def
             .forward_tasks()
-            .filter(|t| t.is_conditional())
+            .filter(|t| t.holds())
             .map(|t| t.key().to_owned())
             .collect();
         let at_hold: Vec<String> = pass
@@ -511,7 +627,34 @@ impl<S: Store> Scheduler<S> {
                 .iter()
                 .filter_map(|d| by_key.get(d.as_str()).map(|(s, o)| (d.clone(), (*s, (*o).clone()))))
                 .collect();
-            match plan::decide(task, &dependencies, &outcomes.run_input) {
+            let decision = match (plan::decide(task, &dependencies, &outcomes.run_input), task.map()) {
+                (Decision::Run, Some(spec)) => {
+                    let source = spec.source().ok().and_then(|s| dependencies.get(&s.task).cloned());
+                    let output = source.and_then(|(_, output)| output).unwrap_or(Value::Null);
+                    match map::expand(spec, &output) {
+                        Expansion::Children(size) => {
+                            if pass.expand_map(&key, size).await? {
+                                tracing::info!(run_id = %run, task_key = %key, children = size, "mapped task expanded");
+                                let first: Vec<(String, u32)> = (0..map::first_wave(spec, size))
+                                    .map(|i| (map::child_key(&key, i), 1))
+                                    .collect();
+                                decided.dispatched += pass.satisfy_dependencies(&first).await?.len();
+                            }
+                            continue;
+                        }
+                        Expansion::Skip(reason) => Decision::Skip(reason),
+                        Expansion::Fail(error) => {
+                            if pass.fail_pending(&key, TaskTransition::FailMap, &error).await? {
+                                decided.reflagged = true;
+                                decided.told.push(failed(run, task, &key, error));
+                            }
+                            continue;
+                        }
+                    }
+                }
+                (decision, _) => decision,
+            };
+            match decision {
                 Decision::Run => {
                     decided.dispatched += pass.satisfy_dependencies(&[(key, 1)]).await?.len();
                 }
@@ -521,19 +664,9 @@ impl<S: Store> Scheduler<S> {
                     decided.told.extend(skips(run, def, &skipped, reason));
                 }
                 Decision::Fail(error) => {
-                    if pass.fail_pending(&key, &error).await? {
+                    if pass.fail_pending(&key, TaskTransition::FailCondition, &error).await? {
                         decided.reflagged = true;
-                        tracing::warn!(run_id = %run, task_key = %key, %error, "task failed: its condition could not be evaluated");
-                        decided.told.push(Told::Failed(TaskEvent {
-                            run_id: run,
-                            task_key: key.clone(),
-                            task_type: task.task_type().to_owned(),
-                            compensate_for: None,
-                            attempt: 1,
-                            output: None,
-                            error: Some(error),
-                            retry_in: None,
-                        }));
+                        decided.told.push(failed(run, task, &key, error));
                     }
                 }
             }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use flowforge_domain::concurrency;
 use flowforge_domain::limits::{self, Limits, ValueKind};
-use flowforge_domain::retry::{Reset, hold_at_gates, hold_conditions, reset_set};
+use flowforge_domain::retry::{Reset, RetryRefusal, hold_at_gates, hold_conditions, reset_set};
 use flowforge_domain::{Priority, RunState, TaskRunState, WorkflowDefinition};
 use flowforge_ports::store::{
     CancelOutcome, DefinitionSummary, EventView, Gauges, IdempotencyKey, KeyedStart, NewRun, Notifier, Published,
@@ -346,7 +346,14 @@ impl<S: Store> Service<S> {
         let trigger = |key: &str| def.task(key).map(|t| t.trigger()).unwrap_or_default();
         let mut resets = reset_set(def.graph(), trigger, &states, &compensated, from)
             .map_err(|refusal| Error::RetryRefused { run, refusal })?;
-        hold_conditions(&mut resets, |key| def.task(key).is_some_and(|t| t.is_conditional()));
+        if let Some(mapped) = resets
+            .iter()
+            .find(|r| def.task_of_run(&r.key).is_some_and(|(t, _)| t.map().is_some()))
+        {
+            let refusal = RetryRefusal::Mapped(mapped.key.clone());
+            return Err(Error::RetryRefused { run, refusal });
+        }
+        hold_conditions(&mut resets, |key| def.task(key).is_some_and(|t| t.holds()));
         // The input is the one the run started with, so its keys resolve
         // to the pools it held before (docs/design/concurrency.md#retries).
         let gates = hold_at_gates(&mut resets, concurrency::resolve(&published.definition, &detail.input)?);
@@ -415,6 +422,7 @@ impl<S: Store> Service<S> {
             Observers::default(),
             SchedulerConfig {
                 scope: Scope::Run(run),
+                output_limit: self.limits.task_output_bytes,
                 ..SchedulerConfig::default()
             },
         );

@@ -508,7 +508,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             Err(e) => return permanent(&mut event, format!("cannot load the run's definition: {e}")),
         };
         let def = &published.definition;
-        let Some(task) = def.task(&claim.task_key) else {
+        let Some((task, index)) = def.task_of_run(&claim.task_key) else {
             return permanent(
                 &mut event,
                 format!("task '{}' is not in the run's definition", claim.task_key),
@@ -575,6 +575,10 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 );
             }
         };
+        let item = match crate::inputs::map_item(task, index, &inputs.outputs) {
+            Ok(item) => item,
+            Err(error) => return permanent(&mut event, error),
+        };
         let cancel = CancellationToken::new();
         // A run's cancellation stops its forward tasks, never a compensator: a
         // cancel does not interrupt a rollback
@@ -593,6 +597,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             run_input: inputs.run_input,
             inputs: inputs.outputs,
             config: task.config().clone(),
+            item,
             cancel: cancel.clone(),
             pulse: Pulse::default(),
         };

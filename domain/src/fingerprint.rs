@@ -54,6 +54,11 @@ fn task(t: &TaskDefinition) -> Value {
     if t.trigger() != Trigger::AllSucceeded {
         task["trigger"] = json!(t.trigger().as_str());
     }
+    // Absent unless set, as `when`; the default limit written out means
+    // the same as none (docs/design/map.md).
+    if let Some(map) = t.map() {
+        task["map"] = json!({"over": map.over, "max_items": map.max_items(), "concurrency": map.concurrency});
+    }
     task
 }
 

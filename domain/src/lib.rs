@@ -1,7 +1,7 @@
 //! FlowForge's pure rules: the two state machines, definitions and their
 //! validation, the dependency graph, the fingerprint, run-state derivation,
 //! the scheduler pass's decisions, task conditions, retry policy and
-//! compensation order, and when schedules fire.
+//! compensation order, mapped tasks, and when schedules fire.
 //!
 //! Nothing here performs I/O, reads a clock, draws a random number or runs
 //! async code: time and ids come in as arguments. `cargo xtask check-deps`
@@ -16,6 +16,7 @@ pub mod graph;
 pub mod json_path;
 pub mod limits;
 pub mod machine;
+pub mod map;
 pub mod plan;
 pub mod priority;
 pub mod retry;

@@ -51,6 +51,10 @@ pub enum RetryRefusal {
         /// Its state.
         state: TaskRunState,
     },
+    /// The set holds a mapped task or one of its children: their rows
+    /// cannot be reset yet (docs/design/map.md#retrying-a-run).
+    #[error("task '{0}' is mapped or a mapped task's child; a run cannot be retried through a mapped task yet")]
+    Mapped(String),
     /// Nothing failed or was cancelled, and nothing was named.
     #[error("no task failed or was cancelled; name the tasks to redo with --from")]
     NothingToRetry,

@@ -147,6 +147,7 @@ pub fn check_shape(value: &Value) -> Vec<ShapeError> {
     let mut errors = fractional_integers(value);
     errors.extend(limit_keys(value));
     errors.extend(conditions(value));
+    errors.extend(maps(value));
     if let Some(path) = limits::find_nul(value) {
         errors.push(ShapeError {
             path,
@@ -292,9 +293,15 @@ fn limit_keys(value: &Value) -> Vec<ShapeError> {
         .collect()
 }
 
-/// `when` expressions that do not parse, each at its own path: the schema
-/// can only say they are strings (docs/design/conditions.md#when).
-fn conditions(value: &Value) -> Vec<ShapeError> {
+/// The string at `pointer` in each task that `check` refuses, at its own
+/// path (`$.tasks[i]` and `field`): checks the schema cannot make, as it
+/// can only say the field is a string.
+fn task_strings(
+    value: &Value,
+    pointer: &str,
+    field: &str,
+    check: impl Fn(&str) -> Result<(), String>,
+) -> Vec<ShapeError> {
     let Some(tasks) = value.get("tasks").and_then(Value::as_array) else {
         return Vec::new();
     };
@@ -302,13 +309,27 @@ fn conditions(value: &Value) -> Vec<ShapeError> {
         .iter()
         .enumerate()
         .filter_map(|(i, t)| {
-            let message = crate::condition::check(t.get("when")?.as_str()?).err()?;
+            let message = check(t.pointer(pointer)?.as_str()?).err()?;
             Some(ShapeError {
-                path: format!("$.tasks[{i}].when"),
-                message: format!("not a valid expression: {message}"),
+                path: format!("$.tasks[{i}].{field}"),
+                message,
             })
         })
         .collect()
+}
+
+/// `when` expressions that do not parse (docs/design/conditions.md#when).
+fn conditions(value: &Value) -> Vec<ShapeError> {
+    task_strings(value, "/when", "when", |when| {
+        crate::condition::check(when).map_err(|message| format!("not a valid expression: {message}"))
+    })
+}
+
+/// `map.over` paths the engine cannot read (docs/design/map.md#the-field).
+fn maps(value: &Value) -> Vec<ShapeError> {
+    task_strings(value, "/map/over", "map.over", |over| {
+        crate::map::MapSource::parse(over).map(|_| ())
+    })
 }
 
 /// Parses and validates a definition: size limit, JSON, shape, graph.

@@ -182,6 +182,13 @@ named_enum! {
         /// pending → failed: its `when` could not be evaluated. Failed at
         /// rest, so failed for good (docs/design/conditions.md#when).
         FailCondition => "fail_condition",
+        /// pending → succeeded: every child of a mapped task succeeded; its
+        /// output is theirs in index order (docs/design/map.md#collecting).
+        Collect => "collect",
+        /// pending → failed: a mapped task's source is not an array or is
+        /// too long, or one of its children failed for good. Failed at rest,
+        /// so failed for good (docs/design/map.md#collecting).
+        FailMap => "fail_map",
     }
 }
 
@@ -203,6 +210,8 @@ named_enum! {
         ConditionFalse => "condition_false",
         /// Its trigger rule does not run it after a skipped dependency.
         UpstreamSkipped => "upstream_skipped",
+        /// It is mapped over an empty array (docs/design/map.md#expanding).
+        EmptyMap => "empty_map",
     }
 }
 
@@ -256,6 +265,8 @@ fn task_table() -> Vec<Transition<TaskRunState, TaskTransition>> {
         edge(T::CancelRetrying, Retrying, Cancelled, false),
         edge(T::Skip, Pending, Skipped, false),
         edge(T::FailCondition, Pending, Failed, false),
+        edge(T::Collect, Pending, Succeeded, false),
+        edge(T::FailMap, Pending, Failed, false),
     ]
 }
 
@@ -325,7 +336,7 @@ mod tests {
         let run = build_run_machine().unwrap();
         let task = build_task_machine().unwrap();
         assert_eq!(run.transitions().len(), 5);
-        assert_eq!(task.transitions().len(), 14);
+        assert_eq!(task.transitions().len(), 16);
         assert_eq!(run.retry_edges().len(), 1);
         assert_eq!(task.retry_edges().len(), 1);
     }

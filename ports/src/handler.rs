@@ -39,11 +39,23 @@ pub struct TaskContext {
     pub inputs: Map<String, Value>,
     /// The task's `config`.
     pub config: Map<String, Value>,
+    /// For a child `task[i]` of a mapped task, its item and index
+    /// (docs/design/map.md#children); `None` otherwise.
+    pub item: Option<MapItem>,
     /// Cancelled when the attempt must stop: timeout, run cancelled, lease
     /// lost or shutdown. A handler that ignores it is abandoned.
     pub cancel: CancellationToken,
     /// The attempt's line back to its worker: progress and heartbeats.
     pub pulse: Pulse,
+}
+
+/// The item a child of a mapped task runs for.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MapItem {
+    /// The item's index in the source array, 0-based.
+    pub index: u32,
+    /// The item.
+    pub item: Value,
 }
 
 impl TaskContext {

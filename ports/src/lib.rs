@@ -15,7 +15,7 @@ pub mod queue;
 pub mod store;
 
 pub use clock::{Clock, SystemClock};
-pub use handler::{FailureKind, Handler, HandlerError, TaskContext};
+pub use handler::{FailureKind, Handler, HandlerError, MapItem, TaskContext};
 pub use ids::{DispatchId, RunId, TaskRunId, WorkerId, WorkflowId};
 pub use observer::{Observer, RunEvent, TaskEvent};
 pub use queue::{Delivery, Dispatch, DispatchConsumer, DispatchPublisher, DispatchQueue};
@@ -31,7 +31,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     /// The contract's sections, read as text: a case is a `pub async fn`.
-    const SECTIONS: [&str; 19] = [
+    const SECTIONS: [&str; 20] = [
         include_str!("contract/api.rs"),
         include_str!("contract/claims.rs"),
         include_str!("contract/concurrency.rs"),
@@ -41,6 +41,7 @@ mod tests {
         include_str!("contract/generic.rs"),
         include_str!("contract/history.rs"),
         include_str!("contract/limits.rs"),
+        include_str!("contract/map.rs"),
         include_str!("contract/model.rs"),
         include_str!("contract/outbox.rs"),
         include_str!("contract/pass.rs"),

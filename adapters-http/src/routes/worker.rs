@@ -76,6 +76,14 @@ pub(crate) struct ClaimItem {
     /// The task's config.
     #[schema(value_type = Object)]
     pub(crate) config: Map<String, Value>,
+    /// For a child `task[i]` of a mapped task, its item's index (absent
+    /// otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) index: Option<u32>,
+    /// For a child of a mapped task, its item (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub(crate) item: Option<Value>,
     /// The lease heartbeats renew, in seconds (heartbeat every third).
     pub(crate) lease_seconds: f64,
     /// When the lease runs out unless renewed (RFC 3339).
@@ -229,6 +237,8 @@ fn claim_item(c: RemoteClaim) -> ClaimItem {
         run_input: c.run_input,
         inputs: c.inputs,
         config: c.config,
+        index: c.item.as_ref().map(|i| i.index),
+        item: c.item.map(|i| i.item),
         lease_seconds: c.lease.as_secs_f64(),
         lease_expires_at: time(c.lease_expires_at),
         deadline: time(c.deadline),

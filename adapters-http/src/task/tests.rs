@@ -118,6 +118,7 @@ fn ctx(config: Value) -> TaskContext {
         run_input: json!({"who": "run"}),
         inputs: Map::new(),
         config: config.as_object().cloned().unwrap(),
+        item: None,
         cancel: CancellationToken::new(),
         pulse: Default::default(),
     }

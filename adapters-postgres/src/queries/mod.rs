@@ -43,7 +43,8 @@ macro_rules! reset_set {
 }
 
 /// The tail of a promotion to ready: closes the `moved` CTE (the rows made
-/// ready: id, run_id, task_key, attempt, fencing_token, priority), then
+/// ready: id, run_id, task_key, attempt, fencing_token, priority, map_of),
+/// then
 /// writes each
 /// row's `$edge` event from `$from` and its outbox row (task type from
 /// workflow `$3`, looked up per row: see [`LOWER_AND_PROMOTE`] on why
@@ -67,7 +68,7 @@ macro_rules! made_ready {
             now!(),
             ", m.priority
     FROM moved AS m
-    CROSS JOIN LATERAL (SELECT task_type FROM task WHERE workflow_id = $3 AND key = m.task_key LIMIT 1) AS t
+    CROSS JOIN LATERAL (SELECT task_type FROM task WHERE workflow_id = $3 AND key = COALESCE(m.map_of, m.task_key) LIMIT 1) AS t
     ORDER BY m.id
     ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
     RETURNING id

@@ -56,9 +56,9 @@ pub const LOWER_AND_PROMOTE: &str = concat!(
         state = CASE WHEN tr.pending_deps - f.n = 0 AND tr.compensate_for IS NULL THEN 'ready' ELSE tr.state END
     FROM found AS f
     WHERE tr.id = f.id AND tr.state = 'pending'
-    RETURNING tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.state, tr.priority
+    RETURNING tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.state, tr.priority, tr.map_of
 ), moved AS (
-    SELECT id, run_id, task_key, attempt, fencing_token, priority FROM lowered WHERE state = 'ready'
+    SELECT id, run_id, task_key, attempt, fencing_token, priority, map_of FROM lowered WHERE state = 'ready'
 ",
     made_ready!("dependencies_satisfied", "pending"),
     "
@@ -80,7 +80,7 @@ pub const PROMOTE_RETRIES: &str = concat!(
     WHERE run_id = $2 AND state = 'retrying' AND retry_at <= ",
     now!(),
     "
-    RETURNING id, run_id, task_key, attempt, fencing_token, priority
+    RETURNING id, run_id, task_key, attempt, fencing_token, priority, map_of
 ",
     made_ready!("retry_ready", "retrying"),
     "
@@ -131,9 +131,9 @@ pub const CANCEL_PENDING: &str = move_pending!("cancel_pending", "cancelled", "c
 /// take_flagged reacts to it.
 pub const SKIP_PENDING: &str = move_pending!("skip", "skipped", "skip_reason = $4, needs_pass = true");
 
-/// fail_pending: `fail_condition` on the named row if still pending, with
-/// its error, flagged like [`SKIP_PENDING`]. `$1` offset, `$2` run, `$3`
-/// key, `$4` error.
+/// fail_pending: `$5` (`fail_condition` or `fail_map`) on the named row if
+/// still pending, with its error, flagged like [`SKIP_PENDING`]. `$1`
+/// offset, `$2` run, `$3` key, `$4` error, `$5` edge.
 pub const FAIL_PENDING: &str = concat!(
     "WITH moved AS (
     UPDATE task_run SET state = 'failed', error = $4, needs_pass = true, finished_at = ",
@@ -144,18 +144,93 @@ pub const FAIL_PENDING: &str = concat!(
 ), event AS (
     ",
     event_insert!(),
-    "SELECT id, run_id, task_key, 'fail_condition', 'pending', 'failed', attempt, fencing_token, NULL, ",
+    "SELECT id, run_id, task_key, $5, 'pending', 'failed', attempt, fencing_token, NULL, ",
     now!(),
     ", $4 FROM moved
 )
 SELECT count(*) > 0 FROM moved"
 );
 
+/// expand_map: the mapped task `$3` of run `$2`, pending on its hold alone
+/// and not expanded, gets its size `$4` (it keeps its hold, so no
+/// promotion ever takes it to ready); its children
+/// `key[0]` … `key[$4 - 1]` go in pending on one hold each, at the run's
+/// generation and the mapped task's priority. Returns whether it expanded.
+/// `$1` offset.
+pub const EXPAND_MAP: &str = concat!(
+    "WITH parent AS (
+    UPDATE task_run SET map_size = $4
+    WHERE run_id = $2 AND task_key = $3 AND state = 'pending' AND pending_deps = 1 AND map_size IS NULL
+      AND compensate_for IS NULL
+    RETURNING run_id, task_key, priority, generation
+), children AS (
+    INSERT INTO task_run (run_id, task_key, state, pending_deps, created_at, priority, generation, map_of, map_index)
+    SELECT p.run_id, p.task_key || '[' || i || ']', 'pending', 1, ",
+    now!(),
+    ", p.priority, p.generation, p.task_key, i
+    FROM parent AS p CROSS JOIN generate_series(0, $4 - 1) AS i
+    RETURNING id
+)
+SELECT EXISTS (SELECT 1 FROM parent)"
+);
+
+/// map_children: how the children of mapped task `$2` of run `$1` stand
+/// (`taskrun_map_children_idx`): its size, the children succeeded and
+/// active, the lowest-index one failed (with its error), and up to `$3`
+/// held-back ones, lowest index first.
+pub const MAP_CHILDREN: &str = "\
+SELECT (SELECT map_size FROM task_run WHERE run_id = $1 AND task_key = $2) AS size,
+       count(*) FILTER (WHERE state = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE state IN ('ready', 'running', 'retrying')) AS active,
+       (SELECT jsonb_build_array(map_index, error) FROM task_run
+        WHERE run_id = $1 AND map_of = $2 AND state = 'failed' ORDER BY map_index LIMIT 1) AS failed,
+       COALESCE((SELECT array_agg(map_index ORDER BY map_index) FROM (
+           SELECT map_index FROM task_run WHERE run_id = $1 AND map_of = $2 AND state = 'pending'
+           ORDER BY map_index LIMIT $3) AS w), '{}') AS waiting
+FROM task_run WHERE run_id = $1 AND map_of = $2";
+
+/// collect_map: `collect` on the expanded mapped task `$3` of run `$2` if
+/// still pending, every child succeeded and the array of their outputs
+/// takes at most `$4` bytes (their sizes as stored, a comma each and the
+/// brackets): its output that array in index order
+/// (`taskrun_map_children_idx`), flagged like [`SKIP_PENDING`]. The array
+/// is only built once it fits. Returns whether it moved, whether every
+/// child succeeded, and the array's size. `$1` offset.
+pub const COLLECT_MAP: &str = concat!(
+    "WITH sized AS (
+    SELECT count(*) FILTER (WHERE c.state = 'succeeded') = p.map_size AS ready,
+           (COALESCE(sum(COALESCE(c.result_bytes, octet_length(c.result::text))), 0) + count(*) + 1)::int8 AS bytes
+    FROM task_run AS p JOIN task_run AS c ON c.run_id = p.run_id AND c.map_of = p.task_key
+    WHERE p.run_id = $2 AND p.task_key = $3 AND p.state = 'pending' AND p.map_size IS NOT NULL
+    GROUP BY p.map_size
+), collected AS (
+    SELECT jsonb_agg(c.result ORDER BY c.map_index) AS result
+    FROM sized AS s, task_run AS c
+    WHERE s.ready AND s.bytes <= $4 AND c.run_id = $2 AND c.map_of = $3
+), moved AS (
+    UPDATE task_run AS tr
+    SET state = 'succeeded', needs_pass = true, finished_at = ",
+    now!(),
+    ",
+        result = a.result, result_bytes = octet_length(a.result::text)
+    FROM collected AS a
+    WHERE tr.run_id = $2 AND tr.task_key = $3 AND tr.state = 'pending' AND a.result IS NOT NULL
+    RETURNING tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT id, run_id, task_key, 'collect', 'pending', 'succeeded', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM moved
+)
+SELECT EXISTS (SELECT 1 FROM moved), COALESCE((SELECT ready FROM sized), false), (SELECT bytes FROM sized)"
+);
+
 /// pending_counts: the pending forward rows among the keys, with their
-/// counters (`uniq_taskrun_run_key`). `$1` run, `$2` keys.
+/// counters, but for mapped tasks already expanded (`uniq_taskrun_run_key`). `$1` run, `$2` keys.
 pub const PENDING_COUNTS: &str = "\
 SELECT task_key, pending_deps FROM task_run
-WHERE run_id = $1 AND task_key = ANY($2) AND state = 'pending' AND compensate_for IS NULL
+WHERE run_id = $1 AND task_key = ANY($2) AND state = 'pending' AND compensate_for IS NULL AND map_size IS NULL
 ORDER BY id";
 
 /// dependency_outcomes: the run's input, then each named forward row's

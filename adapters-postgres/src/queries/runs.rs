@@ -136,7 +136,7 @@ pub const CLAIM_READY: &str = concat!(
     SELECT tr.id, o.created_at - (o.priority * $6::float8) * interval '1 microsecond' AS rank_at, o.id AS readiness
     FROM task_run AS tr
     JOIN workflow_run AS wr ON wr.id = tr.run_id
-    JOIN task AS t ON t.workflow_id = wr.workflow_id AND t.key = tr.task_key
+    JOIN task AS t ON t.workflow_id = wr.workflow_id AND t.key = COALESCE(tr.map_of, tr.task_key)
     JOIN outbox AS o ON o.task_run_id = tr.id AND o.fencing_token = tr.fencing_token
     WHERE tr.state = 'ready' AND t.task_type = ANY($2)
       AND (wr.cancel_requested_at IS NULL OR tr.compensate_for IS NOT NULL)
@@ -254,7 +254,7 @@ pub const GENERIC_TO_READY: &str = concat!(
     "WITH moved AS (
     UPDATE task_run SET state = 'ready', pending_deps = 0, retry_at = NULL
     WHERE id = $2 AND state = $3
-    RETURNING id, run_id, task_key, attempt, fencing_token, priority
+    RETURNING id, run_id, task_key, attempt, fencing_token, priority, map_of
 ), event AS (
     ",
     event_insert!(),
@@ -268,7 +268,7 @@ pub const GENERIC_TO_READY: &str = concat!(
     ", m.priority
     FROM moved AS m
     JOIN workflow_run AS wr ON wr.id = m.run_id
-    JOIN task AS t ON t.workflow_id = wr.workflow_id AND t.key = m.task_key
+    JOIN task AS t ON t.workflow_id = wr.workflow_id AND t.key = COALESCE(m.map_of, m.task_key)
     ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
     RETURNING id
 )
@@ -357,7 +357,7 @@ pub const REAP: &str = concat!(
       AND tr.state = 'running' AND tr.lease_expires_at < ",
     now!(),
     "
-      AND wr.id = tr.run_id AND t.workflow_id = wr.workflow_id AND t.key = tr.task_key
+      AND wr.id = tr.run_id AND t.workflow_id = wr.workflow_id AND t.key = COALESCE(tr.map_of, tr.task_key)
     RETURNING tr.id, tr.run_id, tr.task_key, tr.state, tr.attempt, tr.fencing_token, tr.error, t.task_type,
               tr.priority, tr.compensate_for, c.lease_owner AS lost_worker,
               wr.cancel_requested_at IS NOT NULL AND tr.compensate_for IS NULL AS cancel_requested

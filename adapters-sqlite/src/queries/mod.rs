@@ -119,9 +119,11 @@ macro_rules! task_type_of {
             "(SELECT t.task_type FROM task t WHERE t.workflow_id = (SELECT r.workflow_id FROM workflow_run r \
              WHERE r.id = ",
             $row,
-            ".run_id) AND t.key = ",
+            ".run_id) AND t.key = COALESCE(",
             $row,
-            ".task_key)"
+            ".map_of, ",
+            $row,
+            ".task_key))"
         )
     };
 }
@@ -179,6 +181,9 @@ pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
         ("satisfy", SATISFY),
         ("promote due", PROMOTE_DUE_CALL),
         ("cancel_pending", CANCEL_PENDING),
+        ("fail_pending", FAIL_PENDING),
+        ("expand map", EXPAND_MAP),
+        ("collect map", COLLECT_MAP),
         ("cancel_waiting", CANCEL_WAITING_CALL),
         ("create_compensator", CREATE_COMPENSATOR),
         ("rearm_compensator", REARM_COMPENSATOR),

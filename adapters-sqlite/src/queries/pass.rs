@@ -235,14 +235,14 @@ pub(crate) const CANCEL_PENDING: &str = move_pending!("cancel_pending", "cancell
 /// `?4` the reason.
 pub(crate) const SKIP_PENDING: &str = move_pending!("skip", "skipped", "skip_reason = ?4, needs_pass = 1");
 
-/// fail_pending in one call: `fail_condition` on the named row (`?3` a
-/// one-key list) if still pending, with its error `?4`, flagged like
-/// [`SKIP_PENDING`].
+/// fail_pending in one call: `?5` (`fail_condition` or `fail_map`) on the
+/// named row (`?3` a one-key list) if still pending, with its error `?4`,
+/// flagged like [`SKIP_PENDING`].
 pub(crate) const FAIL_PENDING: &str = concat!(
     event_insert!(),
     "SELECT ",
     next_event_id!(),
-    " + 1, id, run_id, task_key, 'fail_condition', 'pending', 'failed', attempt, fencing_token, NULL, ",
+    " + 1, id, run_id, task_key, ?5, 'pending', 'failed', attempt, fencing_token, NULL, ",
     now!(),
     ", ?4 FROM task_run WHERE ",
     pending_named!(),
@@ -254,11 +254,104 @@ pub(crate) const FAIL_PENDING: &str = concat!(
     activity!()
 );
 
+/// The mapped task `?3` of run `?2`, pending on its hold alone and not
+/// expanded yet.
+macro_rules! expandable {
+    () => {
+        "run_id = ?2 AND task_key = ?3 AND state = 'pending' AND pending_deps = 1 AND map_size IS NULL \
+         AND compensate_for IS NULL"
+    };
+}
+
+/// expand_map in one call: the children `key[0]` … `key[?4 - 1]` of the
+/// expandable mapped task `?3` go in pending on one hold each, at its
+/// generation and priority; then it gets its size `?4`. It keeps its hold,
+/// so no promotion ever takes it to ready.
+pub(crate) const EXPAND_MAP: &str = concat!(
+    "INSERT INTO task_run (run_id, task_key, state, pending_deps, created_at, priority, generation, map_of, map_index) \
+     WITH RECURSIVE i (n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM i WHERE n + 1 < ?4) \
+     SELECT p.run_id, p.task_key || '[' || i.n || ']', 'pending', 1, ",
+    now!(),
+    ", p.priority, p.generation, p.task_key, i.n FROM task_run p, i WHERE ",
+    expandable!(),
+    "; UPDATE task_run SET map_size = ?4 WHERE ",
+    expandable!(),
+    " RETURNING 3 AS tag, id, task_key; ",
+    activity!()
+);
+
+/// map_children: how the children of mapped task `?2` of run `?1` stand
+/// (`taskrun_map_children_idx`): its size, the children succeeded and
+/// active, the lowest-index one failed (`[index, error]`), and up to `?3`
+/// held-back ones, lowest index first (a JSON array).
+pub(crate) const MAP_CHILDREN: &str = "\
+SELECT (SELECT map_size FROM task_run WHERE run_id = ?1 AND task_key = ?2),
+       count(*) FILTER (WHERE state = 'succeeded'),
+       count(*) FILTER (WHERE state IN ('ready', 'running', 'retrying')),
+       (SELECT json_array(map_index, error) FROM task_run
+        WHERE run_id = ?1 AND map_of = ?2 AND state = 'failed' ORDER BY map_index LIMIT 1),
+       (SELECT json_group_array(map_index) FROM (
+           SELECT map_index FROM task_run WHERE run_id = ?1 AND map_of = ?2 AND state = 'pending'
+           ORDER BY map_index LIMIT ?3))
+FROM task_run WHERE run_id = ?1 AND map_of = ?2";
+
+/// The expanded mapped task `?3` of run `?2`, still pending, every child
+/// of which succeeded (`taskrun_map_children_idx`).
+macro_rules! all_succeeded {
+    () => {
+        "run_id = ?2 AND task_key = ?3 AND state = 'pending' AND map_size IS NOT NULL \
+         AND map_size = (SELECT count(*) FROM task_run c WHERE c.run_id = ?2 AND c.map_of = ?3 \
+                         AND c.state = 'succeeded')"
+    };
+}
+
+/// The size of the array of the children's outputs of `?3`: their stored
+/// text, a comma each and the brackets.
+macro_rules! collected_bytes {
+    () => {
+        "(SELECT COALESCE(sum(length(CAST(c.result AS BLOB))), 0) + count(*) + 1 FROM task_run c \
+          WHERE c.run_id = ?2 AND c.map_of = ?3)"
+    };
+}
+
+/// [`all_succeeded!`], with the array at most `?4` bytes.
+macro_rules! collectable {
+    () => {
+        concat!(all_succeeded!(), " AND ", collected_bytes!(), " <= ?4")
+    };
+}
+
+/// collect_map in one call: `collect` on the collectable mapped task `?3`,
+/// its output the array of its children's in index order, flagged like
+/// [`SKIP_PENDING`]; then (tag 7) whether every child succeeded, and the
+/// array's size.
+pub(crate) const COLLECT_MAP: &str = concat!(
+    event_insert!(),
+    "SELECT ",
+    next_event_id!(),
+    " + 1, id, run_id, task_key, 'collect', 'pending', 'succeeded', attempt, fencing_token, NULL, ",
+    now!(),
+    ", NULL FROM task_run WHERE ",
+    collectable!(),
+    "; UPDATE task_run SET state = 'succeeded', needs_pass = 1, finished_at = ",
+    now!(),
+    ", result = (SELECT json_group_array(json(c.result) ORDER BY c.map_index) FROM task_run c \
+     WHERE c.run_id = ?2 AND c.map_of = ?3) WHERE ",
+    collectable!(),
+    " RETURNING 3 AS tag, id, task_key; SELECT 7 AS tag, EXISTS (SELECT 1 FROM task_run WHERE ",
+    all_succeeded!(),
+    "), ",
+    collected_bytes!(),
+    "; ",
+    activity!()
+);
+
 /// pending_counts: the pending forward rows of run `?1` among the keys
-/// `?2` (`uniq_taskrun_run_key`), with their counters.
+/// `?2` (`uniq_taskrun_run_key`), with their counters, but for mapped
+/// tasks already expanded.
 pub(crate) const PENDING_COUNTS: &str = "\
 SELECT task_key, pending_deps FROM task_run
-WHERE run_id = ?1 AND state = 'pending' AND compensate_for IS NULL
+WHERE run_id = ?1 AND state = 'pending' AND compensate_for IS NULL AND map_size IS NULL
   AND task_key IN (SELECT value FROM json_each(?2))
 ORDER BY id";
 

@@ -144,7 +144,7 @@ pub(crate) const REPORT_PROGRESS: &str = concat!(
 pub(crate) const READY_OF_TYPES: &str = "\
 SELECT tr.id, tr.fencing_token FROM task_run tr \
 JOIN workflow_run r ON r.id = tr.run_id \
-JOIN task t ON t.workflow_id = r.workflow_id AND t.key = tr.task_key \
+JOIN task t ON t.workflow_id = r.workflow_id AND t.key = COALESCE(tr.map_of, tr.task_key) \
 JOIN outbox ON outbox.task_run_id = tr.id AND outbox.fencing_token = tr.fencing_token \
 WHERE tr.state = 'ready' AND t.task_type IN (SELECT value FROM json_each(?1)) \
   AND (tr.compensate_for IS NOT NULL OR r.cancel_requested_at IS NULL) \
@@ -294,7 +294,7 @@ pub(crate) const EXPIRED_LEASES: &str = concat!(
      tr.compensate_for \
              FROM task_run tr \
              JOIN workflow_run r ON r.id = tr.run_id \
-             JOIN task t ON t.workflow_id = r.workflow_id AND t.key = tr.task_key \
+             JOIN task t ON t.workflow_id = r.workflow_id AND t.key = COALESCE(tr.map_of, tr.task_key) \
              WHERE tr.state = 'running' AND tr.lease_expires_at < ",
     now!(),
     " AND (?2 IS NULL OR tr.run_id IN (SELECT value FROM json_each(?2))) ORDER BY tr.lease_expires_at, tr.id LIMIT ?3"
@@ -339,9 +339,11 @@ macro_rules! reap_kind {
             ".attempt_base < (SELECT t.max_attempts FROM task t WHERE t.workflow_id = (SELECT r.workflow_id \
              FROM workflow_run r WHERE r.id = ",
             $row,
-            ".run_id) AND t.key = ",
+            ".run_id) AND t.key = COALESCE(",
             $row,
-            ".task_key) THEN 'r' ELSE 'f' END)"
+            ".map_of, ",
+            $row,
+            ".task_key)) THEN 'r' ELSE 'f' END)"
         )
     };
 }

@@ -169,7 +169,10 @@ pub(crate) async fn scheduler(global: &Global, args: &SchedulerArgs) -> anyhow::
             store.clone(),
             Arc::clone(&defs),
             Default::default(),
-            SchedulerConfig::default(),
+            SchedulerConfig {
+                output_limit: global.max_task_output_bytes,
+                ..SchedulerConfig::default()
+            },
         );
         // Every scheduler process fires the schedules too: the store
         // decides each fire under a lock, so N of them fire each time once

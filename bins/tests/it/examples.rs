@@ -102,8 +102,42 @@ fn the_etl_example_runs_end_to_end_with_posix_sh() {
 }
 
 #[test]
+fn the_map_example_runs_each_file_and_publishes_them_in_order() {
+    let definition: Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("examples/map.json")).expect("read map.json"))
+            .expect("map.json is JSON");
+    let w = crate::run::Workdir::new();
+    let file = w.json("map.json", &definition);
+    let out = w.run(["run".as_ref(), file.as_os_str(), "--output".as_ref(), "json".as_ref()]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let report: Value = serde_json::from_str(&out.stdout).expect("report");
+    let thumbnails = report["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .find(|t| t["key"] == "thumbnail")
+        .expect("thumbnail")["output"]
+        .as_array()
+        .expect("the children's outputs")
+        .iter()
+        .map(|o| o["item"].as_str().expect("item").to_owned())
+        .collect::<Vec<_>>();
+    assert_eq!(
+        thumbnails,
+        [
+            "beach.jpg",
+            "forest.jpg",
+            "harbour.jpg",
+            "mountain.jpg",
+            "city.jpg",
+            "desert.jpg"
+        ]
+    );
+}
+
+#[test]
 fn the_examples_use_only_built_in_task_types() {
-    for name in ["diamond", "etl", "release", "saga"] {
+    for name in ["diamond", "etl", "map", "release", "saga"] {
         let path = root().join(format!("examples/{name}.json"));
         let definition: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("JSON");
         for task in definition["tasks"].as_array().expect("tasks") {

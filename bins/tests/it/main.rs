@@ -16,6 +16,7 @@ mod distributed;
 mod examples;
 mod graph;
 mod hook;
+mod map;
 mod poison;
 mod run;
 mod scenarios;

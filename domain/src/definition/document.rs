@@ -4,6 +4,7 @@
 use super::RetrySpec;
 use crate::concurrency::{RunLimit, TaskLimit};
 use crate::condition::Trigger;
+use crate::map::MapSpec;
 use crate::priority::Priority;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -57,6 +58,10 @@ pub struct TaskDocument {
     /// (docs/design/conditions.md#triggers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<Trigger>,
+    /// Runs it once per item of an array a dependency produced
+    /// (docs/design/map.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub map: Option<MapSpec>,
 }
 
 /// A definition document as written (after the shape check).

@@ -109,6 +109,14 @@ pub enum DefinitionError {
         /// What is wrong.
         problem: String,
     },
+    /// A `map` the engine cannot run (docs/design/map.md).
+    #[error("task '{task}': {problem}")]
+    InvalidMap {
+        /// The task.
+        task: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// No forward task at all (only compensators).
     #[error("a workflow needs at least one task that is not a compensation task")]
     NoForwardTasks,
@@ -124,6 +132,7 @@ impl DefinitionError {
             Self::BlankTaskType { task }
             | Self::InvalidConfig { task, .. }
             | Self::InvalidCondition { task, .. }
+            | Self::InvalidMap { task, .. }
             | Self::DependsOnCompensator { task, .. }
             | Self::CompensatorHasDependencies { task }
             | Self::CompensatesItself { task }

@@ -20,6 +20,7 @@ pub use document::{Defaults, TaskDocument, WorkflowDocument};
 pub use error::{DefinitionError, DefinitionErrors, LocatedError, StoredDefinitionError};
 pub use retry::{RetryPolicy, RetrySpec};
 use task::check_settings;
+pub(crate) use task::json_kind;
 pub use task::{TaskDefinition, depth};
 
 /// The deepest JSON nesting a definition (or a task's config) may have.
@@ -50,8 +51,9 @@ pub struct WorkflowDefinition {
     graph: DependencyGraph,
     /// forward key → index of its compensator in `tasks`.
     compensators: BTreeMap<String, usize>,
-    /// Whether any task has a `when` or a trigger of its own: asked by
-    /// every scheduler pass, so answered without a walk of the tasks.
+    /// Whether any task has a `when`, a trigger of its own or a `map`
+    /// (any task the scheduler holds): asked by every scheduler pass, so
+    /// answered without a walk of the tasks.
     conditional: bool,
 }
 
@@ -270,7 +272,30 @@ impl WorkflowDefinition {
                 }
             }
         }
+        // A child's key, `task[i]`, must name nothing else.
+        for (i, t) in tasks.iter().enumerate() {
+            if let Some((parent, _)) = crate::map::child_of(t.key())
+                && by_key.get(parent).is_some_and(|&p| tasks[p].map().is_some())
+            {
+                errors.push(at(
+                    i,
+                    DefinitionError::InvalidMap {
+                        task: t.key().to_owned(),
+                        problem: format!("the key is the name of a child of the mapped task '{parent}'"),
+                    },
+                ));
+            }
+        }
         if !concurrency.is_empty() {
+            for (i, t) in tasks.iter().enumerate().filter(|(_, t)| t.map().is_some()) {
+                errors.push(at(
+                    i,
+                    DefinitionError::InvalidMap {
+                        task: t.key().to_owned(),
+                        problem: "`map` cannot be used yet in a workflow with concurrency limits".to_owned(),
+                    },
+                ));
+            }
             for (i, t) in tasks.iter().enumerate().filter(|(_, t)| t.is_conditional()) {
                 errors.push(at(
                     i,
@@ -299,7 +324,7 @@ impl WorkflowDefinition {
             let index = by_key.get(e.task()).copied();
             DefinitionErrors(vec![LocatedError { index, error: e.into() }])
         })?;
-        let conditional = tasks.iter().any(TaskDefinition::is_conditional);
+        let conditional = tasks.iter().any(TaskDefinition::holds);
         Ok(Self {
             name,
             version,
@@ -330,8 +355,9 @@ impl WorkflowDefinition {
     pub fn defaults(&self) -> &Defaults {
         &self.defaults
     }
-    /// Whether any task has a `when` or a trigger of its own
-    /// (docs/design/conditions.md): only then does a pass decide tasks.
+    /// Whether any task has a `when`, a trigger of its own or a `map`
+    /// (docs/design/conditions.md, docs/design/map.md): only then does a
+    /// pass decide or expand tasks.
     pub fn has_conditions(&self) -> bool {
         self.conditional
     }
@@ -351,6 +377,18 @@ impl WorkflowDefinition {
     /// The task with this key (forward or compensator).
     pub fn task(&self, key: &str) -> Option<&TaskDefinition> {
         self.by_key.get(key).map(|&i| &self.tasks[i])
+    }
+    /// The task a task run runs, by the run's key: the task of that key,
+    /// or for a child `task[i]` of a mapped task, that task and `i`
+    /// (docs/design/map.md#children).
+    pub fn task_of_run(&self, key: &str) -> Option<(&TaskDefinition, Option<u32>)> {
+        if let Some(task) = self.task(key) {
+            return Some((task, None));
+        }
+        let (parent, index) = crate::map::child_of(key)?;
+        self.task(parent)
+            .filter(|t| t.map().is_some())
+            .map(|t| (t, Some(index)))
     }
     /// The declaration index of a task (for JSONPaths).
     pub fn index_of(&self, key: &str) -> Option<usize> {

@@ -6,6 +6,7 @@ use super::{DefinitionError, MAX_ATTEMPTS, MAX_BACKOFF, MAX_NESTING, MAX_SECONDS
 use crate::concurrency::{self, TaskLimit};
 use crate::condition::Trigger;
 use crate::graph::GraphError;
+use crate::map::MapSpec;
 use crate::priority::Priority;
 
 /// One validated task.
@@ -91,6 +92,31 @@ impl TaskDefinition {
                 problem: "a task with `when` or `trigger` cannot declare its own concurrency limit yet".to_owned(),
             });
         }
+        if let Some(map) = &doc.map {
+            let mut bad = |problem: String| {
+                errors.push(DefinitionError::InvalidMap {
+                    task: task.clone(),
+                    problem,
+                });
+            };
+            match map.check() {
+                Ok(source) if !doc.depends_on.contains(&source.task) => bad(format!(
+                    "map.over reads task '{}', which is not one of its dependencies",
+                    source.task
+                )),
+                Ok(_) => {}
+                Err(problem) => bad(problem),
+            }
+            if doc.compensate_for.is_some() {
+                bad("a compensation task cannot be mapped".to_owned());
+            }
+            if doc.concurrency.is_some() {
+                bad(
+                    "a mapped task cannot declare its own concurrency limit yet; map.concurrency bounds its children"
+                        .to_owned(),
+                );
+            }
+        }
         let place = format!("task '{task}'");
         check_settings(
             Some(&task),
@@ -120,6 +146,7 @@ impl TaskDefinition {
             concurrency: None,
             when: None,
             trigger: None,
+            map: None,
         })
     }
 
@@ -177,6 +204,18 @@ impl TaskDefinition {
     pub fn is_conditional(&self) -> bool {
         self.doc.when.is_some() || self.trigger() != Trigger::AllSucceeded
     }
+    /// Its `map` field, when it is mapped (docs/design/map.md).
+    pub fn map(&self) -> Option<&MapSpec> {
+        self.doc.map.as_ref()
+    }
+
+    /// Whether the scheduler holds it once its dependencies finish, to
+    /// decide it (conditions) or expand it (map): its counter carries one
+    /// hold beyond its dependencies (docs/design/conditions.md#deciding).
+    pub fn holds(&self) -> bool {
+        self.is_conditional() || self.doc.map.is_some()
+    }
+
     /// Whether it is a compensator (outside the forward DAG).
     pub fn is_compensator(&self) -> bool {
         self.doc.compensate_for.is_some()
@@ -187,7 +226,7 @@ impl TaskDefinition {
     }
 }
 
-pub(super) fn json_kind(v: &Value) -> &'static str {
+pub(crate) fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -3,7 +3,7 @@
 //! dependencies, and the pass's skip, condition failure and reads.
 
 use flowforge_domain::condition::Trigger;
-use flowforge_domain::{SkipReason, TaskRunState};
+use flowforge_domain::{SkipReason, TaskRunState, TaskTransition};
 use serde_json::json;
 
 use crate::store::{DefinitionStore, RunPass, RunStore, Scope};
@@ -70,12 +70,18 @@ pub async fn skips_and_condition_failures_flag_what_they_move<F: StoreFactory>(f
         .expect("skip_pending");
     assert_eq!(skipped, ["b"], "only a pending row is skipped");
     assert!(
-        p.fail_pending("r", "`when` could not be evaluated: boom")
-            .await
-            .expect("fail_pending")
+        p.fail_pending(
+            "r",
+            TaskTransition::FailCondition,
+            "`when` could not be evaluated: boom"
+        )
+        .await
+        .expect("fail_pending")
     );
     assert!(
-        !p.fail_pending("a", "no").await.expect("fail_pending"),
+        !p.fail_pending("a", TaskTransition::FailCondition, "no")
+            .await
+            .expect("fail_pending"),
         "a succeeded row stays"
     );
     let flagged = p.take_flagged().await.expect("take_flagged");

@@ -27,7 +27,7 @@ pub async fn illegal_transitions_fail_before_any_io<F: StoreFactory>(factory: &F
         (Cancelled, Ready),
         (Ready, Ready),
         (Retrying, Failed),
-        (Pending, Succeeded),
+        (Succeeded, Failed),
     ] {
         let expected = TransitionError::Illegal { from, to };
         assert_eq!(s.transition_task_run(ghost, from, to).await, Err(expected.clone()));
@@ -51,6 +51,12 @@ pub async fn illegal_transitions_fail_before_any_io<F: StoreFactory>(factory: &F
             Retrying,
             flowforge_domain::TaskTransition::ScheduleRetry,
             "finish",
+        ),
+        (
+            Pending,
+            Succeeded,
+            flowforge_domain::TaskTransition::Collect,
+            "collect_map",
         ),
     ] {
         match s.transition_task_run(ghost, from, to).await {

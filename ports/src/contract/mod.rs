@@ -140,6 +140,8 @@ macro_rules! store_contract_tests {
             overlap_is_decided_under_the_lock_and_a_buffered_fire_starts_later,
             missed_times_pauses_and_resumes_move_the_cursor_as_told,
             a_backfill_starts_each_fire_time_once,
+            a_mapped_task_expands_once_into_children_of_its_type,
+            a_mapped_task_collects_in_index_order_within_the_limit_or_fails,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
@@ -166,6 +168,7 @@ mod finishing;
 mod generic;
 mod history;
 mod limits;
+mod map;
 mod model;
 mod outbox;
 mod pass;
@@ -186,6 +189,7 @@ pub use finishing::*;
 pub use generic::*;
 pub use history::*;
 pub use limits::*;
+pub use map::*;
 pub use model::*;
 pub use outbox::*;
 pub use pass::*;

@@ -130,6 +130,7 @@ pub fn resolve_generic_transition(from: TaskRunState, to: TaskRunState) -> Resul
         TaskTransition::ScheduleRetry => "finish_task_run (a failure with attempts left)",
         TaskTransition::Skip => "RunPass::skip_pending (the scheduler deciding a condition)",
         TaskTransition::FailCondition => "RunPass::fail_pending (the scheduler deciding a condition)",
+        TaskTransition::Collect => "RunPass::collect_map (the scheduler collecting a mapped task)",
         _ => return Ok(first),
     };
     Err(TransitionError::Reserved {

@@ -33,7 +33,9 @@ use std::time::Duration;
 use flowforge_domain::concurrency::Gate;
 use flowforge_domain::derive::TaskTally;
 use flowforge_domain::retry::Reset;
-use flowforge_domain::{CancelReason, RunState, RunTransition, SkipReason, TaskRunState, WorkflowDefinition};
+use flowforge_domain::{
+    CancelReason, RunState, RunTransition, SkipReason, TaskRunState, TaskTransition, WorkflowDefinition,
+};
 use serde_json::Value;
 
 use crate::ids::{DispatchId, RunId, TaskRunId, WorkerId, WorkflowId};
@@ -394,6 +396,18 @@ pub trait RunStore: Send + Sync + 'static {
     fn notifier(&self) -> impl Future<Output = Result<Self::Notifier, Error>> + Send;
 }
 
+/// What [`RunPass::collect_map`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collect {
+    /// The mapped task succeeded with its children's outputs.
+    Collected,
+    /// Every child succeeded, but their outputs take this many bytes, more
+    /// than the limit: nothing moved.
+    TooLarge(u64),
+    /// Not every child has succeeded, or the task is no longer pending.
+    NotReady,
+}
+
 /// One run's scheduler transaction (docs/design/scheduler.md#the-pass). Every
 /// method runs inside the transaction; nothing is visible to others until
 /// [`RunPass::commit`]; dropping the pass rolls it back. Each change is a
@@ -428,13 +442,46 @@ pub trait RunPass: Send + 'static {
         reason: SkipReason,
     ) -> impl Future<Output = Result<Vec<String>, Error>> + Send;
 
-    /// Applies `fail_condition` to `key` if it is still pending, storing
-    /// `error` and flagging it like [`RunPass::skip_pending`]. Returns
-    /// whether it moved.
-    fn fail_pending(&mut self, key: &str, error: &str) -> impl Future<Output = Result<bool, Error>> + Send;
+    /// Applies `edge` (`fail_condition` or `fail_map`, the edges from
+    /// pending to failed) to `key` if it is still pending, storing `error`
+    /// and flagging it like [`RunPass::skip_pending`]. Returns whether it
+    /// moved.
+    fn fail_pending(
+        &mut self,
+        key: &str,
+        edge: TaskTransition,
+        error: &str,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Expands the mapped task `key`, pending on its hold alone and not
+    /// expanded yet, into `size` children `key[0]` … `key[size - 1]`
+    /// (docs/design/map.md#expanding): each a pending forward row on one
+    /// hold, naming `key` and its index, at the run's generation and the
+    /// mapped task's priority. The mapped task records its size, so it is
+    /// never decided again, and keeps its hold, so no promotion ever makes
+    /// it ready: `collect` or `fail_map` ends it. Returns whether it
+    /// expanded; the pass then releases the first children with
+    /// [`RunPass::satisfy_dependencies`].
+    fn expand_map(&mut self, key: &str, size: u32) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// How the children of the mapped task `key` stand, with at most
+    /// `waiting` of the held-back ones, lowest index first.
+    fn map_children(
+        &mut self,
+        key: &str,
+        waiting: u32,
+    ) -> impl Future<Output = Result<flowforge_domain::map::Children, Error>> + Send;
+
+    /// Applies `collect` to the expanded mapped task `key` if it is still
+    /// pending, every child succeeded and their outputs, as one array in
+    /// index order, take at most `limit` bytes of compact JSON: that array
+    /// is its output. Flags it like [`RunPass::skip_pending`]. Measures the
+    /// outputs without reading them into memory.
+    fn collect_map(&mut self, key: &str, limit: usize) -> impl Future<Output = Result<Collect, Error>> + Send;
 
     /// The pending forward rows among `keys`, with their counts of
-    /// unsatisfied dependencies.
+    /// unsatisfied dependencies; a mapped task once expanded is left out
+    /// (it is decided).
     fn pending_counts(&mut self, keys: &[String]) -> impl Future<Output = Result<Vec<(String, u32)>, Error>> + Send;
 
     /// The run's input and the state and output of each forward row among
