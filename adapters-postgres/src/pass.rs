@@ -366,6 +366,17 @@ impl RunPass for PgRunPass {
         Ok(DependencyOutcomes { run_input, tasks })
     }
 
+    async fn cancel_children(&mut self, key: &str) -> Result<Vec<String>, store::Error> {
+        self.activity = None;
+        sqlx::query_scalar(queries::CANCEL_CHILDREN)
+            .bind(self.store.offset())
+            .bind(self.run.id.0)
+            .bind(key)
+            .fetch_all(self.conn()?)
+            .await
+            .map_err(store_error)
+    }
+
     async fn cancel_waiting(&mut self) -> Result<Vec<String>, store::Error> {
         self.activity = None;
         let offset = self.store.offset();

@@ -426,6 +426,13 @@ impl RunPass for SqlitePass {
         Ok(DependencyOutcomes { run_input, tasks })
     }
 
+    async fn cancel_children(&mut self, key: &str) -> Result<Vec<String>, store::Error> {
+        let rows = self
+            .change(self.query(queries::CANCEL_CHILDREN).bind(key.to_owned()))
+            .await?;
+        touched_keys(&rows)
+    }
+
     async fn cancel_waiting(&mut self) -> Result<Vec<String>, store::Error> {
         let rows = self.change(self.query(queries::CANCEL_WAITING_CALL)).await?;
         touched_keys(&rows)

@@ -111,7 +111,7 @@ fn event(run: RunId, task: &TaskDefinition, key: &str, error: Option<String>) ->
 struct Mapped {
     /// Children released from the concurrency limit.
     dispatched: usize,
-    /// Held-back children cancelled after a sibling failed.
+    /// Waiting children cancelled after a sibling failed.
     cancelled: usize,
     /// What observers hear once the pass has committed.
     told: Vec<Told>,
@@ -121,9 +121,9 @@ struct Mapped {
 
 /// Advances each mapped task one of whose children just finished
 /// (docs/design/map.md#collecting): collects it once every child
-/// succeeded, fails it (cancelling the children it still held back) once
-/// one failed for good, or releases held-back children into the room
-/// its concurrency leaves.
+/// succeeded, fails it (cancelling its children still waiting) once one
+/// failed for good, or releases held-back children into the room its
+/// concurrency leaves.
 async fn advance_maps<P: RunPass>(
     pass: &mut P,
     def: &WorkflowDefinition,
@@ -168,10 +168,7 @@ async fn advance_maps<P: RunPass>(
                 if pass.fail_pending(parent, TaskTransition::FailMap, &error).await? {
                     mapped.reflagged = true;
                     mapped.told.push(failed(run, task, parent, error));
-                    let size = children.size.unwrap_or(0);
-                    let held = pass.map_children(parent, size).await?.waiting;
-                    let keys: Vec<String> = held.into_iter().map(|i| map::child_key(parent, i)).collect();
-                    mapped.cancelled += pass.cancel_pending(&keys, CancelReason::UpstreamFailed).await?.len();
+                    mapped.cancelled += pass.cancel_children(parent).await?.len();
                 }
             }
             Progress::Release(indexes) => {

@@ -193,9 +193,11 @@ FROM task_run WHERE run_id = $1 AND map_of = $2";
 /// still pending, every child succeeded and the array of their outputs
 /// takes at most `$4` bytes (their sizes as stored, a comma each and the
 /// brackets): its output that array in index order
-/// (`taskrun_map_children_idx`), flagged like [`SKIP_PENDING`]. The array
-/// is only built once it fits. Returns whether it moved, whether every
-/// child succeeded, and the array's size. `$1` offset.
+/// (`taskrun_map_children_idx`), flagged like [`SKIP_PENDING`], with that
+/// size, which is the compact text's, as its `result_bytes` (jsonb's own
+/// text spaces it out). The array is only built once it fits. Returns
+/// whether it moved, whether every child succeeded, and the array's size.
+/// `$1` offset.
 pub const COLLECT_MAP: &str = concat!(
     "WITH sized AS (
     SELECT count(*) FILTER (WHERE c.state = 'succeeded') = p.map_size AS ready,
@@ -204,7 +206,7 @@ pub const COLLECT_MAP: &str = concat!(
     WHERE p.run_id = $2 AND p.task_key = $3 AND p.state = 'pending' AND p.map_size IS NOT NULL
     GROUP BY p.map_size
 ), collected AS (
-    SELECT jsonb_agg(c.result ORDER BY c.map_index) AS result
+    SELECT jsonb_agg(c.result ORDER BY c.map_index) AS result, min(s.bytes) AS bytes
     FROM sized AS s, task_run AS c
     WHERE s.ready AND s.bytes <= $4 AND c.run_id = $2 AND c.map_of = $3
 ), moved AS (
@@ -212,7 +214,7 @@ pub const COLLECT_MAP: &str = concat!(
     SET state = 'succeeded', needs_pass = true, finished_at = ",
     now!(),
     ",
-        result = a.result, result_bytes = octet_length(a.result::text)
+        result = a.result, result_bytes = a.bytes
     FROM collected AS a
     WHERE tr.run_id = $2 AND tr.task_key = $3 AND tr.state = 'pending' AND a.result IS NOT NULL
     RETURNING tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token
@@ -240,20 +242,26 @@ SELECT (SELECT input FROM workflow_run WHERE id = $1) AS input,
        COALESCE((SELECT jsonb_agg(jsonb_build_array(task_key, state, result) ORDER BY id) FROM task_run
                  WHERE run_id = $1 AND task_key = ANY($2) AND compensate_for IS NULL), '[]') AS tasks";
 
-/// One CTE of [`CANCEL_WAITING`]: a user's cancel of the run's forward rows
-/// in `$state` (`taskrun_active_idx`), naming the state each left.
+/// One CTE of [`CANCEL_WAITING`] and [`CANCEL_CHILDREN`]: a cancel for
+/// `$reason` of the run's rows in `$state` that match `$which`
+/// (`taskrun_active_idx`, or `taskrun_map_children_idx` for children),
+/// naming the state each left.
 macro_rules! cancel_from {
-    ($state:literal) => {
+    ($state:literal, $reason:literal, $which:literal) => {
         concat!(
             "from_",
             $state,
             " AS (
-    UPDATE task_run SET state = 'cancelled', cancel_reason = 'user', finished_at = ",
+    UPDATE task_run SET state = 'cancelled', cancel_reason = '",
+            $reason,
+            "', finished_at = ",
             now!(),
             ", retry_at = NULL
     WHERE run_id = $2 AND state = '",
             $state,
-            "' AND compensate_for IS NULL
+            "' AND ",
+            $which,
+            "
     RETURNING id, run_id, task_key, attempt, fencing_token, '",
             $state,
             "'::text AS from_state
@@ -261,6 +269,42 @@ macro_rules! cancel_from {
         )
     };
 }
+
+/// The tail of [`CANCEL_WAITING`] and [`CANCEL_CHILDREN`]: the rows moved
+/// from each state, their events by their own edges, and their keys.
+macro_rules! cancelled_tail {
+    () => {
+        concat!(
+            ", moved AS (
+    SELECT * FROM from_pending UNION ALL SELECT * FROM from_ready UNION ALL SELECT * FROM from_retrying
+), event AS (
+    ",
+            event_insert!(),
+            "SELECT id, run_id, task_key,
+           CASE from_state WHEN 'pending' THEN 'cancel_pending' WHEN 'ready' THEN 'cancel_ready'
+                           ELSE 'cancel_retrying' END,
+           from_state, 'cancelled', attempt, fencing_token, NULL, ",
+            now!(),
+            ", NULL
+    FROM moved ORDER BY id
+)
+SELECT task_key FROM moved ORDER BY id"
+        )
+    };
+}
+
+/// cancel_children: the children of mapped task `$3` still waiting
+/// (pending, ready or retrying), cancelled `upstream_failed` each by its
+/// own edge, once their mapped task failed. `$1` offset, `$2` run.
+pub const CANCEL_CHILDREN: &str = concat!(
+    "WITH ",
+    cancel_from!("pending", "upstream_failed", "map_of = $3"),
+    ", ",
+    cancel_from!("ready", "upstream_failed", "map_of = $3"),
+    ", ",
+    cancel_from!("retrying", "upstream_failed", "map_of = $3"),
+    cancelled_tail!()
+);
 
 /// cancel_waiting: every waiting forward row of the run, each by its own
 /// edge. One single-table UPDATE per source state, not a join of the run's
@@ -270,25 +314,12 @@ macro_rules! cancel_from {
 /// `$2` run.
 pub const CANCEL_WAITING: &str = concat!(
     "WITH ",
-    cancel_from!("pending"),
+    cancel_from!("pending", "user", "compensate_for IS NULL"),
     ", ",
-    cancel_from!("ready"),
+    cancel_from!("ready", "user", "compensate_for IS NULL"),
     ", ",
-    cancel_from!("retrying"),
-    ", moved AS (
-    SELECT * FROM from_pending UNION ALL SELECT * FROM from_ready UNION ALL SELECT * FROM from_retrying
-), event AS (
-    ",
-    event_insert!(),
-    "SELECT id, run_id, task_key,
-           CASE from_state WHEN 'pending' THEN 'cancel_pending' WHEN 'ready' THEN 'cancel_ready'
-                           ELSE 'cancel_retrying' END,
-           from_state, 'cancelled', attempt, fencing_token, NULL, ",
-    now!(),
-    ", NULL
-    FROM moved ORDER BY id
-)
-SELECT task_key FROM moved ORDER BY id"
+    cancel_from!("retrying", "user", "compensate_for IS NULL"),
+    cancelled_tail!()
 );
 
 /// tally: the forward task runs of the run by state and cancel reason

@@ -183,6 +183,7 @@ pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
         ("cancel_pending", CANCEL_PENDING),
         ("fail_pending", FAIL_PENDING),
         ("expand map", EXPAND_MAP),
+        ("cancel children", CANCEL_CHILDREN),
         ("collect map", COLLECT_MAP),
         ("cancel_waiting", CANCEL_WAITING_CALL),
         ("create_compensator", CREATE_COMPENSATOR),

@@ -370,40 +370,63 @@ macro_rules! waiting {
     };
 }
 
-/// cancel_waiting's UPDATE: the run's waiting forward rows (`taskrun_active_idx`).
-macro_rules! cancel_waiting {
-    () => {
+/// A cancel for `$reason` of the rows matching `$where`: the UPDATE.
+macro_rules! cancel_rows {
+    ($where:expr, $reason:literal) => {
         concat!(
-            "UPDATE task_run SET state = 'cancelled', cancel_reason = 'user', retry_at = NULL, finished_at = ",
+            "UPDATE task_run SET state = 'cancelled', cancel_reason = '",
+            $reason,
+            "', retry_at = NULL, finished_at = ",
             now!(),
             " WHERE ",
-            waiting!(),
+            $where,
             " RETURNING 3 AS tag, id, task_key"
         )
     };
 }
 
-#[cfg(test)]
-pub(crate) const CANCEL_WAITING: &str = cancel_waiting!();
+/// A cancel for `$reason` of the waiting rows matching `$where`, in one
+/// call. Each source state has its own transition name; the events go by
+/// state (pending, ready, retrying), then id.
+macro_rules! cancel_call {
+    ($where:expr, $reason:literal) => {
+        concat!(
+            event_insert!(),
+            "SELECT ",
+            next_event_id!(),
+            " + ROW_NUMBER() OVER (ORDER BY CASE state WHEN 'pending' THEN 0 WHEN 'ready' THEN 1 ELSE 2 END, id), \
+             id, run_id, task_key, \
+             CASE state WHEN 'pending' THEN 'cancel_pending' WHEN 'ready' THEN 'cancel_ready' \
+             ELSE 'cancel_retrying' END, state, 'cancelled', attempt, fencing_token, NULL, ",
+            now!(),
+            ", NULL FROM task_run WHERE ",
+            $where,
+            " ORDER BY CASE state WHEN 'pending' THEN 0 WHEN 'ready' THEN 1 ELSE 2 END, id; ",
+            cancel_rows!($where, $reason),
+            "; ",
+            activity!()
+        )
+    };
+}
 
-/// cancel_waiting in one call. Each source state has its own transition
-/// name; the events go by state (pending, ready, retrying), then id.
-pub(crate) const CANCEL_WAITING_CALL: &str = concat!(
-    event_insert!(),
-    "SELECT ",
-    next_event_id!(),
-    " + ROW_NUMBER() OVER (ORDER BY CASE state WHEN 'pending' THEN 0 WHEN 'ready' THEN 1 ELSE 2 END, id), \
-     id, run_id, task_key, \
-     CASE state WHEN 'pending' THEN 'cancel_pending' WHEN 'ready' THEN 'cancel_ready' ELSE 'cancel_retrying' END, \
-     state, 'cancelled', attempt, fencing_token, NULL, ",
-    now!(),
-    ", NULL FROM task_run WHERE ",
-    waiting!(),
-    " ORDER BY CASE state WHEN 'pending' THEN 0 WHEN 'ready' THEN 1 ELSE 2 END, id; ",
-    cancel_waiting!(),
-    "; ",
-    activity!()
-);
+/// cancel_waiting's UPDATE: the run's waiting forward rows (`taskrun_active_idx`).
+#[cfg(test)]
+pub(crate) const CANCEL_WAITING: &str = cancel_rows!(waiting!(), "user");
+
+/// cancel_waiting in one call: a user's cancel of the run's waiting forward
+/// rows.
+pub(crate) const CANCEL_WAITING_CALL: &str = cancel_call!(waiting!(), "user");
+
+/// The children of mapped task `?3` still waiting (`taskrun_map_children_idx`).
+macro_rules! waiting_children {
+    () => {
+        "run_id = ?2 AND map_of = ?3 AND state IN ('pending', 'ready', 'retrying')"
+    };
+}
+
+/// cancel_children in one call: the waiting children of mapped task `?3`,
+/// cancelled `upstream_failed` once it failed.
+pub(crate) const CANCEL_CHILDREN: &str = cancel_call!(waiting_children!(), "upstream_failed");
 
 /// create_compensator in one call: the declared task, the row (only when
 /// declared so, once) in the run's current generation, its dispatch when it

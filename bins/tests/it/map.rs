@@ -272,4 +272,15 @@ fn validate_refuses_a_map_over_anything_but_a_dependency() {
     let out = run(["validate".as_ref(), file.as_os_str()]);
     assert_eq!(out.code, 2, "{out:?}");
     assert!(out.stdout.contains("child of the mapped task 'm'"), "{out:?}");
+    let file = w.json(
+        "trigger.json",
+        &json!({"name": "trigger", "version": 1, "tasks": [
+            {"key": "a", "task_type": "noop"},
+            {"key": "m", "task_type": "echo", "depends_on": ["a"], "trigger": "all_done",
+             "map": {"over": "$.tasks.a.output"}}
+        ]}),
+    );
+    let out = run(["validate".as_ref(), file.as_os_str()]);
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stdout.contains("cannot declare another trigger"), "{out:?}");
 }

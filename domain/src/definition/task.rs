@@ -116,6 +116,9 @@ impl TaskDefinition {
                         .to_owned(),
                 );
             }
+            if doc.trigger.is_some_and(|t| t != Trigger::AllSucceeded) {
+                bad("a mapped task runs only once its source succeeded: it cannot declare another trigger".to_owned());
+            }
         }
         let place = format!("task '{task}'");
         check_settings(

@@ -107,8 +107,9 @@ pub async fn a_mapped_task_expands_once_into_children_of_its_type<F: StoreFactor
 
 /// Every child succeeded: `collect` stores their outputs in index order,
 /// unless the array would pass the limit; a child failed for good is
-/// reported with its error, and `fail_map` and an `empty_map` skip are
-/// stored as told.
+/// reported with its error, `fail_map` and an `empty_map` skip are stored
+/// as told, and the children still waiting are cancelled
+/// `upstream_failed`.
 pub async fn a_mapped_task_collects_in_index_order_within_the_limit_or_fails<F: StoreFactory>(factory: &F) {
     let (s, _) = fresh(factory).await;
     let (run, mut p) = source_done(&s, json!(["a", "b", "c"])).await;
@@ -144,11 +145,19 @@ pub async fn a_mapped_task_collects_in_index_order_within_the_limit_or_fails<F: 
     p.commit().await.expect("commit");
     let m = view(&s, run, "m").await;
     assert_eq!(m.output, Some(json!([{"i": 0}, {"i": 1}])), "index order");
+    let inputs = s.task_inputs(run, &["m".into()], 17).await.expect("task_inputs");
+    assert_eq!(
+        inputs.outputs["m"],
+        json!([{"i": 0}, {"i": 1}]),
+        "the collected output counts at its compact size"
+    );
     assert_eq!(transitions(&events_of(&s, run, "m").await), ["collect"]);
 
     let (run, mut p) = source_done(&s, json!(["a", "b", "c"])).await;
-    assert!(p.expand_map("m", 2).await.expect("expand_map"));
-    p.satisfy_dependencies(&[("m[0]".into(), 1)]).await.expect("satisfy");
+    assert!(p.expand_map("m", 3).await.expect("expand_map"));
+    p.satisfy_dependencies(&[("m[0]".into(), 1), ("m[1]".into(), 1)])
+        .await
+        .expect("satisfy");
     p.commit().await.expect("commit");
     let c = claim(&s, run, "m[0]", "w", LONG).await;
     let failure = TaskOutcome::Failed {
@@ -160,15 +169,24 @@ pub async fn a_mapped_task_collects_in_index_order_within_the_limit_or_fails<F: 
     p.take_flagged().await.expect("take_flagged");
     let children = p.map_children("m", 5).await.expect("map_children");
     assert_eq!(children.failed, Some((0, Some("bad item".into()))));
-    assert_eq!(children.waiting, [1]);
+    assert_eq!(children.waiting, [2]);
     assert!(
         p.fail_pending("m", TaskTransition::FailMap, "child m[0] failed: bad item")
             .await
             .expect("fail_pending")
     );
+    let cancelled = p.cancel_children("m").await.expect("cancel_children");
+    assert_eq!(cancelled.len(), 2, "the ready and the held-back child: {cancelled:?}");
     p.commit().await.expect("commit");
     assert_eq!(transitions(&events_of(&s, run, "m").await), ["fail_map"]);
     assert_eq!(view(&s, run, "m").await.state, TaskRunState::Failed);
+    assert_eq!(
+        transitions(&events_of(&s, run, "m[1]").await),
+        ["dependencies_satisfied", "cancel_ready"]
+    );
+    assert_eq!(transitions(&events_of(&s, run, "m[2]").await), ["cancel_pending"]);
+    let m2 = view(&s, run, "m[2]").await;
+    assert_eq!(m2.cancel_reason, Some(flowforge_domain::CancelReason::UpstreamFailed));
 
     let (run, mut p) = source_done(&s, json!([])).await;
     let skipped = p

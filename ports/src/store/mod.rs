@@ -472,6 +472,12 @@ pub trait RunPass: Send + 'static {
         waiting: u32,
     ) -> impl Future<Output = Result<flowforge_domain::map::Children, Error>> + Send;
 
+    /// Cancels `upstream_failed` the children of the mapped task `key`
+    /// still waiting (pending, ready or retrying), each by its own edge,
+    /// once the mapped task failed (docs/design/map.md#collecting). Returns
+    /// their keys; running children finish on their own.
+    fn cancel_children(&mut self, key: &str) -> impl Future<Output = Result<Vec<String>, Error>> + Send;
+
     /// Applies `collect` to the expanded mapped task `key` if it is still
     /// pending, every child succeeded and their outputs, as one array in
     /// index order, take at most `limit` bytes of compact JSON: that array
