@@ -3,7 +3,9 @@
 //! processes; `flowforge workers list` shows both workers and their task
 //! types; `flowforge submit --wait --output json` of a 50-task
 //! fan-out/fan-in (exit 0) and of the saga example (exit 1) prints the
-//! report the embedded mode prints for the same definition and input; a
+//! report the embedded mode prints for the same definition and input, and
+//! the map example's children run across the workers, collected in index
+//! order; a
 //! task type neither built in nor served by a live worker, or a timeout
 //! above what the broker lets a worker hold, is refused (exit 2); and every
 //! process stops with exit 0 on SIGTERM.
@@ -177,8 +179,40 @@ async fn runs_across_processes_report_what_the_embedded_mode_reports() {
     let embedded = embedded_report(&cluster, &saga, 1).await;
     assert_same_report(&comparable(&failed), &comparable(&embedded), "saga.json");
 
+    // A mapped task's children are dispatched and claimed across the
+    // workers like any task, and collected in index order
+    // (docs/design/map.md).
+    let map = root().join("examples/map.json");
+    let out = submit_and_wait(&cluster, &map).await;
+    assert_eq!(out.code, 0, "{out:?}\n{}", cluster.logs());
+    let mapped = assert_schema_valid(SCHEMA, &out.stdout);
+    let thumbnails: Vec<&str> = mapped["tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| t["key"] == "thumbnail")
+        .and_then(|t| t["output"].as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|o| o["item"].as_str())
+        .collect();
+    assert_eq!(
+        thumbnails,
+        [
+            "beach.jpg",
+            "forest.jpg",
+            "harbour.jpg",
+            "mountain.jpg",
+            "city.jpg",
+            "desert.jpg"
+        ],
+        "{mapped:#}"
+    );
+    let embedded = embedded_report(&cluster, &map, 0).await;
+    assert_same_report(&comparable(&mapped), &comparable(&embedded), "map.json");
+
     // Every attempt was claimed by one of the two worker processes.
-    let worked: std::collections::BTreeSet<u32> = [&fanned, &failed]
+    let worked: std::collections::BTreeSet<u32> = [&fanned, &failed, &mapped]
         .iter()
         .flat_map(|r| r["events"].as_array().into_iter().flatten())
         .filter(|e| e["transition"] == "claim")
