@@ -70,17 +70,8 @@ fn skips(run: RunId, def: &WorkflowDefinition, keys: &[String], reason: SkipReas
     keys.iter()
         .map(|key| {
             tracing::info!(run_id = %run, task_key = %key, %reason, "task skipped");
-            let event = TaskEvent {
-                run_id: run,
-                task_key: key.clone(),
-                task_type: def.task(key).map(|t| t.task_type().to_owned()).unwrap_or_default(),
-                compensate_for: None,
-                attempt: 1,
-                output: None,
-                error: None,
-                retry_in: None,
-            };
-            Told::Skipped(event, reason)
+            let task_type = def.task(key).map(TaskDefinition::task_type).unwrap_or_default();
+            Told::Skipped(event(run, task_type, key, None), reason)
         })
         .collect()
 }
@@ -89,15 +80,15 @@ fn skips(run: RunId, def: &WorkflowDefinition, keys: &[String], reason: SkipReas
 /// returns what observers hear of it.
 fn failed(run: RunId, task: &TaskDefinition, key: &str, error: String) -> Told {
     tracing::warn!(run_id = %run, task_key = %key, %error, "task failed before it ran");
-    Told::Failed(event(run, task, key, Some(error)))
+    Told::Failed(event(run, task.task_type(), key, Some(error)))
 }
 
-/// What observers hear of a task the pass moved itself.
-fn event(run: RunId, task: &TaskDefinition, key: &str, error: Option<String>) -> TaskEvent {
+/// What observers hear of a forward task the pass moved itself.
+fn event(run: RunId, task_type: &str, key: &str, error: Option<String>) -> TaskEvent {
     TaskEvent {
         run_id: run,
         task_key: key.to_owned(),
-        task_type: task.task_type().to_owned(),
+        task_type: task_type.to_owned(),
         compensate_for: None,
         attempt: 1,
         output: None,
@@ -149,7 +140,9 @@ async fn advance_maps<P: RunPass>(
                 Collect::Collected => {
                     tracing::info!(run_id = %run, task_key = %parent, "mapped task collected");
                     mapped.reflagged = true;
-                    mapped.told.push(Told::Collected(event(run, task, parent, None)));
+                    mapped
+                        .told
+                        .push(Told::Collected(event(run, task.task_type(), parent, None)));
                 }
                 Collect::TooLarge(bytes) => {
                     let error = format!(

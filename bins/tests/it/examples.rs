@@ -111,27 +111,9 @@ fn the_map_example_runs_each_file_and_publishes_them_in_order() {
     let out = w.run(["run".as_ref(), file.as_os_str(), "--output".as_ref(), "json".as_ref()]);
     assert_eq!(out.code, 0, "{out:?}");
     let report: Value = serde_json::from_str(&out.stdout).expect("report");
-    let thumbnails = report["tasks"]
-        .as_array()
-        .expect("tasks")
-        .iter()
-        .find(|t| t["key"] == "thumbnail")
-        .expect("thumbnail")["output"]
-        .as_array()
-        .expect("the children's outputs")
-        .iter()
-        .map(|o| o["item"].as_str().expect("item").to_owned())
-        .collect::<Vec<_>>();
     assert_eq!(
-        thumbnails,
-        [
-            "beach.jpg",
-            "forest.jpg",
-            "harbour.jpg",
-            "mountain.jpg",
-            "city.jpg",
-            "desert.jpg"
-        ]
+        crate::map::collected_items(&report, "thumbnail"),
+        crate::map::EXAMPLE_FILES
     );
 }
 

@@ -52,6 +52,27 @@ fn echo_each(concurrency: u32) -> Value {
            "map": {"over": "$.tasks.src.output.items", "concurrency": concurrency}})
 }
 
+/// The files of `examples/map.json`, in the order `list` gives them.
+pub(crate) const EXAMPLE_FILES: [&str; 6] = [
+    "beach.jpg",
+    "forest.jpg",
+    "harbour.jpg",
+    "mountain.jpg",
+    "city.jpg",
+    "desert.jpg",
+];
+
+/// The items a mapped task's collected output shows, in its order (each
+/// child an `echo`).
+pub(crate) fn collected_items<'r>(report: &'r Value, key: &str) -> Vec<&'r str> {
+    task(report, key)["output"]
+        .as_array()
+        .expect("the children's outputs")
+        .iter()
+        .map(|o| o["item"].as_str().expect("an item"))
+        .collect()
+}
+
 fn events_of<'r>(report: &'r Value, key: &str) -> Vec<&'r str> {
     report["events"]
         .as_array()
@@ -232,55 +253,46 @@ fn a_map_whose_source_is_not_an_array_or_too_long_fails_for_good() {
 #[test]
 fn validate_refuses_a_map_over_anything_but_a_dependency() {
     let w = Workdir::new();
-    let file = w.json(
-        "stranger.json",
-        &json!({"name": "stranger", "version": 1, "tasks": [
-            {"key": "a", "task_type": "noop"},
-            {"key": "b", "task_type": "noop"},
-            {"key": "m", "task_type": "echo", "depends_on": ["a"], "map": {"over": "$.tasks.b.output"}}
-        ]}),
-    );
-    let out = run(["validate".as_ref(), file.as_os_str()]);
-    assert_eq!(out.code, 2, "{out:?}");
-    assert!(
-        out.stdout
-            .contains("$.tasks[2] (task 'm'): task 'm': map.over reads task 'b', which is not one of its dependencies"),
-        "{out:?}"
-    );
-    let file = w.json(
-        "shape.json",
-        &json!({"name": "shape", "version": 1, "tasks": [
-            {"key": "a", "task_type": "noop"},
-            {"key": "m", "task_type": "echo", "depends_on": ["a"], "map": {"over": "$.a.items"}}
-        ]}),
-    );
-    let out = run(["validate".as_ref(), file.as_os_str()]);
-    assert_eq!(out.code, 2, "{out:?}");
-    assert!(
-        out.stdout
-            .contains("$.tasks[1].map.over: map.over must read `$.tasks.<key>.output…`"),
-        "{out:?}"
-    );
-    let file = w.json(
-        "child.json",
-        &json!({"name": "child", "version": 1, "tasks": [
-            {"key": "a", "task_type": "noop"},
-            {"key": "m", "task_type": "echo", "depends_on": ["a"], "map": {"over": "$.tasks.a.output"}},
-            {"key": "m[0]", "task_type": "noop", "depends_on": ["a"]}
-        ]}),
-    );
-    let out = run(["validate".as_ref(), file.as_os_str()]);
-    assert_eq!(out.code, 2, "{out:?}");
-    assert!(out.stdout.contains("child of the mapped task 'm'"), "{out:?}");
-    let file = w.json(
-        "trigger.json",
-        &json!({"name": "trigger", "version": 1, "tasks": [
-            {"key": "a", "task_type": "noop"},
-            {"key": "m", "task_type": "echo", "depends_on": ["a"], "trigger": "all_done",
-             "map": {"over": "$.tasks.a.output"}}
-        ]}),
-    );
-    let out = run(["validate".as_ref(), file.as_os_str()]);
-    assert_eq!(out.code, 2, "{out:?}");
-    assert!(out.stdout.contains("cannot declare another trigger"), "{out:?}");
+    let cases = [
+        (
+            json!([
+                {"key": "a", "task_type": "noop"},
+                {"key": "b", "task_type": "noop"},
+                {"key": "m", "task_type": "echo", "depends_on": ["a"], "map": {"over": "$.tasks.b.output"}}
+            ]),
+            "$.tasks[2] (task 'm'): task 'm': map.over reads task 'b', which is not one of its dependencies",
+        ),
+        (
+            json!([
+                {"key": "a", "task_type": "noop"},
+                {"key": "m", "task_type": "echo", "depends_on": ["a"], "map": {"over": "$.a.items"}}
+            ]),
+            "$.tasks[1].map.over: map.over must read `$.tasks.<key>.output…`",
+        ),
+        (
+            json!([
+                {"key": "a", "task_type": "noop"},
+                {"key": "m", "task_type": "echo", "depends_on": ["a"], "map": {"over": "$.tasks.a.output"}},
+                {"key": "m[0]", "task_type": "noop", "depends_on": ["a"]}
+            ]),
+            "child of the mapped task 'm'",
+        ),
+        (
+            json!([
+                {"key": "a", "task_type": "noop"},
+                {"key": "m", "task_type": "echo", "depends_on": ["a"], "trigger": "all_done",
+                 "map": {"over": "$.tasks.a.output"}}
+            ]),
+            "cannot declare another trigger",
+        ),
+    ];
+    for (i, (tasks, expected)) in cases.into_iter().enumerate() {
+        let file = w.json(
+            &format!("case-{i}.json"),
+            &json!({"name": format!("case-{i}"), "version": 1, "tasks": tasks}),
+        );
+        let out = run(["validate".as_ref(), file.as_os_str()]);
+        assert_eq!(out.code, 2, "{out:?}");
+        assert!(out.stdout.contains(expected), "{expected}: {out:?}");
+    }
 }

@@ -186,26 +186,9 @@ async fn runs_across_processes_report_what_the_embedded_mode_reports() {
     let out = submit_and_wait(&cluster, &map).await;
     assert_eq!(out.code, 0, "{out:?}\n{}", cluster.logs());
     let mapped = assert_schema_valid(SCHEMA, &out.stdout);
-    let thumbnails: Vec<&str> = mapped["tasks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|t| t["key"] == "thumbnail")
-        .and_then(|t| t["output"].as_array())
-        .into_iter()
-        .flatten()
-        .filter_map(|o| o["item"].as_str())
-        .collect();
     assert_eq!(
-        thumbnails,
-        [
-            "beach.jpg",
-            "forest.jpg",
-            "harbour.jpg",
-            "mountain.jpg",
-            "city.jpg",
-            "desert.jpg"
-        ],
+        crate::map::collected_items(&mapped, "thumbnail"),
+        crate::map::EXAMPLE_FILES,
         "{mapped:#}"
     );
     let embedded = embedded_report(&cluster, &map, 0).await;
