@@ -8,10 +8,12 @@
 //!   state = $ [AND fencing_token = $]`, decided by the database, with its
 //!   event row written by the same statement (a data-modifying CTE on the
 //!   `UPDATE … RETURNING`), so the event exists iff the row changed. No
-//!   `SELECT … FOR UPDATE` on task rows, no application lock, no retry loop.
+//!   application lock, no retry loop; the one `SELECT … FOR UPDATE` on a
+//!   task row is a finish handing on, which locks its own row before the
+//!   rows it makes ready (docs/design/scheduler.md#handoff).
 //! * Store time is the database clock plus the [`Clock`](flowforge_ports::Clock)
 //!   offset, bound per statement; Rust's clock never enters the arithmetic.
-//! * A scheduler pass holds its run with `FOR UPDATE SKIP LOCKED`, so any
+//! * A scheduler pass holds its run with `FOR NO KEY UPDATE SKIP LOCKED`, so any
 //!   number of schedulers run side by side; the outbox sweep does the same
 //!   to its rows.
 //! * Wake-ups travel by `LISTEN/NOTIFY`, sent right after the writing

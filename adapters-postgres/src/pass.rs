@@ -1,5 +1,5 @@
 //! One run's scheduler transaction (docs/design/scheduler.md#the-pass): the run
-//! locked with `FOR UPDATE SKIP LOCKED`, every change a batched conditional
+//! locked with `FOR NO KEY UPDATE SKIP LOCKED`, every change a batched conditional
 //! UPDATE with its events and outbox rows, nothing visible until commit.
 
 use std::collections::{BTreeMap, BTreeSet};

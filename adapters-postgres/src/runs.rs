@@ -8,6 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use flowforge_domain::concurrency::Gate;
 use flowforge_domain::limits::{self, MAX_STALE_AUDITS_PER_TASK_RUN, Refusal, ValueKind};
+use flowforge_domain::plan::Handoff;
 use flowforge_domain::retry::Reset;
 use flowforge_domain::{RunState, TaskRunState, TaskTransition, run_machine};
 use flowforge_ports::store::{
@@ -158,6 +159,39 @@ impl PgStore {
                 KeyedStart::Reused(RunId(run))
             }
         }))
+    }
+
+    /// A success handed on in its one statement
+    /// (docs/design/scheduler.md#handoff).
+    async fn finish_handing_off(
+        &self,
+        id: TaskRunId,
+        token: i64,
+        worker: &WorkerId,
+        output: &Value,
+        handoff: &Handoff,
+    ) -> Result<FinishResult, store::Error> {
+        let output =
+            serde_json::to_string(output).map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;
+        let (recorded, woke_scheduler, woke_publisher): (bool, bool, bool) = sqlx::query_as(queries::FINISH_HANDOFF)
+            .bind(self.offset())
+            .bind(id.0)
+            .bind(token)
+            .bind(&worker.0)
+            .bind(output)
+            .bind(MAX_STALE_AUDITS_PER_TASK_RUN)
+            .bind(&handoff.dependents)
+            .bind(handoff.whole)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        self.announce(&[(Topic::Publisher, woke_publisher), (Topic::Scheduler, woke_scheduler)])
+            .await;
+        Ok(if recorded {
+            FinishResult::Recorded(TaskRunState::Succeeded)
+        } else {
+            FinishResult::Stale
+        })
     }
 
     async fn finish(
@@ -501,14 +535,20 @@ impl RunStore for PgStore {
         Ok(lease_status(cancel_requested))
     }
 
-    async fn finish_task_run(
+    async fn finish_and_hand_off(
         &self,
         id: TaskRunId,
         token: i64,
         worker: &WorkerId,
         outcome: TaskOutcome,
+        handoff: &Handoff,
     ) -> Result<FinishResult, store::Error> {
-        self.finish(id, token, worker, outcome).await
+        match outcome.storable() {
+            TaskOutcome::Succeeded { output } if !handoff.dependents.is_empty() => {
+                self.finish_handing_off(id, token, worker, &output, handoff).await
+            }
+            outcome => self.finish(id, token, worker, outcome).await,
+        }
     }
 
     async fn transition_task_run(

@@ -4,7 +4,7 @@
 //! The pass holds the writer connection inside `BEGIN IMMEDIATE` until it
 //! commits or is dropped (rolled back). Two passes over the same run in
 //! this process never overlap: the second `begin_pass` is told the run is
-//! held, as `FOR UPDATE SKIP LOCKED` tells it on PostgreSQL.
+//! held, as `FOR NO KEY UPDATE SKIP LOCKED` tells it on PostgreSQL.
 //!
 //! Each method is ONE call to the connection, and some cost none:
 //! * `begin_pass` opens the transaction, reads the run, reads and clears

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use flowforge_domain::concurrency::Gate;
 use flowforge_domain::limits::{self, Refusal, ValueKind};
+use flowforge_domain::plan::Handoff;
 use flowforge_domain::retry::Reset;
 use flowforge_domain::{Priority, RunState, TaskRunState, TaskTransition, initial_task_run_state};
 use flowforge_ports::store::resolve_generic_transition;
@@ -268,6 +269,60 @@ impl SqliteStore {
         } else {
             KeyedStart::Reused(run)
         }))
+    }
+
+    /// A success handed on (docs/design/scheduler.md#handoff): the finish,
+    /// then, in its transaction and only when it was recorded, the
+    /// promotion of the dependents it alone held back.
+    async fn finish_handing_off(
+        &self,
+        id: TaskRunId,
+        token: i64,
+        worker: &WorkerId,
+        output: &Value,
+        handoff: &Handoff,
+    ) -> Result<FinishResult, store::Error> {
+        let offset = self.inner.offset();
+        let output =
+            serde_json::to_string(output).map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;
+        let dependents = serde_json::to_string(&handoff.dependents).map_err(|e| store::Error::Other(e.to_string()))?;
+        let mut conn = self.inner.write().await?;
+        let rows = conn
+            .open_call(padded(
+                sql(queries::FINISH_SUCCEEDED_OPEN)
+                    .bind(offset)
+                    .bind(id.0)
+                    .bind(token)
+                    .bind(worker.0.clone())
+                    .bind(output.clone()),
+            ))
+            .await?;
+        let Some(row) = rows.first() else {
+            // Stale: nothing to hand on; the audit is kept.
+            conn.call(sql("COMMIT")).await?;
+            return Ok(FinishResult::Stale);
+        };
+        let run: String = col(row, 0)?;
+        let key: String = col(row, 1)?;
+        let moved = conn
+            .call(padded(
+                sql(queries::HAND_OFF)
+                    .bind(offset)
+                    .bind(run.clone())
+                    .bind(dependents)
+                    .bind(id.0)
+                    .bind(handoff.whole),
+            ))
+            .await?;
+        drop(conn);
+        lock(&self.inner.inputs).output(run_id(&run)?, &key, id.0, &output);
+        if !moved.is_empty() {
+            self.inner.wakeups.wake(Topic::Publisher);
+        }
+        if !(handoff.whole && moved.len() == handoff.dependents.len()) {
+            self.inner.wakeups.wake(Topic::Scheduler);
+        }
+        Ok(FinishResult::Recorded(TaskRunState::Succeeded))
     }
 }
 
@@ -580,17 +635,24 @@ impl RunStore for SqliteStore {
         lease_status(&rows)
     }
 
-    async fn finish_task_run(
+    async fn finish_and_hand_off(
         &self,
         id: TaskRunId,
         token: i64,
         worker: &WorkerId,
         outcome: TaskOutcome,
+        handoff: &Handoff,
     ) -> Result<FinishResult, store::Error> {
+        let outcome = outcome.storable();
+        if let TaskOutcome::Succeeded { output } = &outcome
+            && !handoff.dependents.is_empty()
+        {
+            return self.finish_handing_off(id, token, worker, output, handoff).await;
+        }
         let offset = self.inner.offset();
         let base = |text: &'static str| sql(text).bind(offset).bind(id.0).bind(token).bind(worker.0.clone());
         let mut stored = None;
-        let (query, rests_in) = match outcome.storable() {
+        let (query, rests_in) = match outcome {
             TaskOutcome::Succeeded { output } => {
                 let output = serde_json::to_string(&output)
                     .map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;

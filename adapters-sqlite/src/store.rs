@@ -114,7 +114,7 @@ pub(crate) struct Inner {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) wakeups: Arc<Wakeups>,
     /// Runs whose scheduler pass is open in this process: a second
-    /// `begin_pass` skips them, as `FOR UPDATE SKIP LOCKED` does on PostgreSQL.
+    /// `begin_pass` skips them, as `FOR NO KEY UPDATE SKIP LOCKED` does on PostgreSQL.
     pub(crate) held_runs: Mutex<HashSet<RunId>>,
     /// Outbox rows handed to an open sweep in this process: a concurrent
     /// sweep skips them, so the open sweep does not hold the writer while

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use flowforge_domain::WorkflowDefinition;
+use flowforge_domain::plan::{self, Handoff};
 use flowforge_ports::{DefinitionStore, LoadError, Published, WorkflowId};
 
 /// Caches loaded definitions in front of a store.
@@ -56,6 +57,16 @@ impl<S: DefinitionStore> DefinitionCache<S> {
         let published = Arc::new(self.store.load_definition(id).await?);
         self.lock().insert(Arc::clone(&published));
         Ok(published)
+    }
+
+    /// What a success of `task_key` in a run of `id` hands on in its own
+    /// transaction (docs/design/scheduler.md#handoff). Nothing when the
+    /// definition cannot be read: the pass then promotes as it always can.
+    pub async fn handoff(&self, id: WorkflowId, task_key: &str) -> Handoff {
+        match self.get(id).await {
+            Ok(published) => plan::handoff(&published.definition, task_key),
+            Err(_) => Handoff::default(),
+        }
     }
 
     /// Seeds the cache with a definition just published or found.

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flowforge_domain::limits::{self, Limits, ValueKind};
+use flowforge_domain::plan::Handoff;
 use flowforge_ports::store::{
     Claim, DEFAULT_PRIORITY_AGING, FinishResult, LeaseStatus, TaskInputs, TaskOutcome, WorkerRegistration,
 };
@@ -477,18 +478,23 @@ impl<S: Store> RemoteWork<S> {
                 .retry_in(issued.workflow_id, &issued.task_key, issued.attempt, false, None)
                 .await,
         };
-        self.store_outcome(worker, key, outcome).await
+        self.store_outcome(worker, key, outcome, &Handoff::default()).await
     }
 
-    /// Stores an attempt's outcome with its token; the claim is settled
-    /// either way (recorded, or refused as stale).
+    /// Stores an attempt's outcome with its token, handing a success on
+    /// as `handoff` says; the claim is settled either way (recorded, or
+    /// refused as stale).
     async fn store_outcome(
         &self,
         worker: &WorkerId,
         key: (TaskRunId, i64),
         outcome: TaskOutcome,
+        handoff: &Handoff,
     ) -> Result<FinishResult, Error> {
-        let stored = self.store.finish_task_run(key.0, key.1, worker, outcome).await?;
+        let stored = self
+            .store
+            .finish_and_hand_off(key.0, key.1, worker, outcome, handoff)
+            .await?;
         self.issued().remove(&key);
         Ok(stored)
     }
@@ -581,7 +587,11 @@ impl<S: Store> RemoteWork<S> {
                 }
             }
         };
-        self.store_outcome(worker, key, outcome).await
+        let handoff = match outcome {
+            TaskOutcome::Succeeded { .. } => self.defs.handoff(issued.workflow_id, &issued.task_key).await,
+            _ => Handoff::default(),
+        };
+        self.store_outcome(worker, key, outcome, &handoff).await
     }
 
     /// The claim behind a result this process did not issue (it restarted,

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use flowforge_domain::TaskRunState;
 use flowforge_domain::limits::{self, Limits, ValueKind};
+use flowforge_domain::plan::Handoff;
 use flowforge_ports::handler::Pulse;
 use flowforge_ports::store::{Claim, FinishResult, LeaseStatus, TaskOutcome};
 use flowforge_ports::{
@@ -416,12 +417,19 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
     /// again). Retrying is safe at any time, since the token decides: once
     /// the lease has been reaped, the finish is `Stale`.
     async fn finish(&self, claim: &Claim, outcome: TaskOutcome) -> Result<FinishResult, store::Error> {
+        let handoff = self.handoff(claim, &outcome).await;
         let started = Instant::now();
         let mut pause = FINISH_RETRY_FIRST_PAUSE;
         loop {
             match self
                 .store
-                .finish_task_run(claim.task_run_id, claim.token, &self.config.id, outcome.clone())
+                .finish_and_hand_off(
+                    claim.task_run_id,
+                    claim.token,
+                    &self.config.id,
+                    outcome.clone(),
+                    &handoff,
+                )
                 .await
             {
                 Err(e) if e.is_transient() && started.elapsed() + pause < self.config.lease => {
@@ -432,6 +440,16 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 other => return other,
             }
         }
+    }
+
+    /// What the attempt's outcome hands on (docs/design/scheduler.md#handoff):
+    /// only a forward task's success does, read from the run's definition
+    /// (a cache hit: the attempt loaded it).
+    async fn handoff(&self, claim: &Claim, outcome: &TaskOutcome) -> Handoff {
+        if !matches!(outcome, TaskOutcome::Succeeded { .. }) || claim.compensate_for.is_some() {
+            return Handoff::default();
+        }
+        self.defs.handoff(claim.workflow_id, &claim.task_key).await
     }
 
     /// Renews the lease, storing the progress reported since the last

@@ -25,9 +25,11 @@
 //! * `pgbench_update`: the pgbench single-row conditional-UPDATE rate at
 //!   1 client (the helper of the `postgres` benchmark).
 //! * `hop_floor`: the latencies on a hop's path, each measured alone and
-//!   in sequence with nothing to wait for — finish commit, scheduler pass
-//!   commit, outbox sweep (its SQL and commit, and the publish + confirm),
-//!   claim commit — their sum, and how close the chain's p50 hop comes
+//!   in sequence with nothing to wait for — the finish handing the
+//!   dependent on (docs/design/scheduler.md#handoff), outbox sweep (its SQL
+//!   and commit, and the publish + confirm), claim commit — their sum, how
+//!   close the chain's p50 hop comes, and off the path the pass that
+//!   settles the run
 //!   (measured before the processes start and after they stop; the lower
 //!   median of each step counts).
 //!
@@ -60,6 +62,7 @@ use flowforge_app::cache::DefinitionCache;
 use flowforge_app::observers::Observers;
 use flowforge_app::scheduler::{Scheduler, SchedulerConfig};
 use flowforge_domain::TaskRunState;
+use flowforge_domain::plan;
 use flowforge_ports::store::{
     FinishResult, Notifier, OutboxStore, OutboxSweep, RunStore, RunSummary, TaskOutcome, Topic, WorkerRegistry,
 };
@@ -223,10 +226,11 @@ async fn bench_chain<N: Notifier>(b: &Bench<N>, db: &BenchDb, procs: &mut Proces
         "notes": format!(
             "A 1 000-deep chain of noop tasks; {} hops, each from the predecessor's `succeed` event to the \
              successor's `claim` event (store time, µs; each event is dated at its statement's start). Medians of \
-             the hop's three legs: succeed → the scheduler's `dependencies_satisfied` (finish commit, NOTIFY, \
-             scheduler wake-up, pass up to the promotion) {:.3} ms; → the dispatch marked published (rest of the \
-             pass and its commit, NOTIFY, publisher wake-up, sweep, publish + confirm) {:.3} ms; → the claim \
-             (sweep commit, broker delivery, worker) {:.3} ms.",
+             the hop's three legs: succeed → the successor's `dependencies_satisfied` ({:.3} ms: zero when the \
+             finish hands it on in its own statement, docs/design/scheduler.md#handoff; else the NOTIFY, the \
+             scheduler's wake-up and its pass up to the promotion); → the dispatch marked published (the commit, \
+             NOTIFY, publisher wake-up, sweep, publish + confirm) {:.3} ms; → the claim (sweep commit, broker \
+             delivery, worker) {:.3} ms.",
             hops.len(),
             median(&to_promotion),
             median(&to_published),
@@ -343,12 +347,13 @@ async fn bench_rabbit(publisher: &RabbitPublisher) -> (Value, f64) {
 }
 
 /// The latencies on a hop's path, measured alone and in sequence (before
-/// the processes start, so nothing else drives these runs): finish, the
-/// scheduler pass, the outbox sweep's SQL and commit, the publish and its
-/// confirm, the claim. Medians, in ms.
+/// the processes start, so nothing else drives these runs): the finish
+/// handing the dependent on, the outbox sweep's SQL and commit, the
+/// publish and its confirm, the claim; and off the path, the pass that
+/// settles the run. Medians, in ms.
 struct Floor {
     finish: f64,
-    pass: f64,
+    settling_pass: f64,
     sweep_sql: f64,
     publish_confirm: f64,
     claim: f64,
@@ -361,9 +366,12 @@ async fn measure_floor(store: &PgStore, publisher: &RabbitPublisher) -> Floor {
         Observers::default(),
         SchedulerConfig::default(),
     );
-    let pair = publish(store, &chain(2)).await;
+    let pair_def = chain(2);
+    let pair = publish(store, &pair_def).await;
+    let handoff = plan::handoff(&pair_def, &chain_key(0));
+    assert!(handoff.whole, "a chain's hop is handed on whole: {handoff:?}");
     let worker = WorkerId("bench-floor".to_owned());
-    let (mut finish, mut pass, mut sweep_sql, mut publish_confirm, mut claim) =
+    let (mut finish, mut settling_pass, mut sweep_sql, mut publish_confirm, mut claim) =
         (vec![], vec![], vec![], vec![], vec![]);
     let ready = async |run: RunId| -> (TaskRunId, i64) {
         let detail = store.get_run(run).await.expect("get_run").expect("the run");
@@ -401,17 +409,21 @@ async fn measure_floor(store: &PgStore, publisher: &RabbitPublisher) -> Floor {
             .await
             .expect("claim")
             .expect("ready");
+        // The hop's finish hands the dependent on, as a worker's does
+        // (docs/design/scheduler.md#handoff): no pass on the path.
         let t = Instant::now();
         let r = store
-            .finish_task_run(root, c.token, &worker, TaskOutcome::Succeeded { output: json!({}) })
+            .finish_and_hand_off(
+                root,
+                c.token,
+                &worker,
+                TaskOutcome::Succeeded { output: json!({}) },
+                &handoff,
+            )
             .await
             .expect("finish");
         let finish_t = t.elapsed();
         assert_eq!(r, FinishResult::Recorded(TaskRunState::Succeeded));
-        let t = Instant::now();
-        let outcome = scheduler.advance_run(run).await.expect("pass").expect("the run");
-        let pass_t = t.elapsed();
-        assert_eq!(outcome.dispatched, 1, "the pass promotes the dependent");
         let (sql_t, publish_t) = sweep(run).await;
         let (child, token) = ready(run).await;
         let t = Instant::now();
@@ -425,10 +437,13 @@ async fn measure_floor(store: &PgStore, publisher: &RabbitPublisher) -> Floor {
             .finish_task_run(child, c.token, &worker, TaskOutcome::Succeeded { output: json!({}) })
             .await
             .expect("finish");
+        // Off the hop's path: the pass that settles the run.
+        let t = Instant::now();
         scheduler.advance_run(run).await.expect("settling pass");
+        let pass_t = t.elapsed();
         if i >= 10 {
             finish.push(ms(finish_t));
-            pass.push(ms(pass_t));
+            settling_pass.push(ms(pass_t));
             sweep_sql.push(ms(sql_t));
             publish_confirm.push(ms(publish_t));
             claim.push(ms(claim_t));
@@ -436,7 +451,7 @@ async fn measure_floor(store: &PgStore, publisher: &RabbitPublisher) -> Floor {
     }
     Floor {
         finish: median(&finish),
-        pass: median(&pass),
+        settling_pass: median(&settling_pass),
         sweep_sql: median(&sweep_sql),
         publish_confirm: median(&publish_confirm),
         claim: median(&claim),
@@ -444,15 +459,15 @@ async fn measure_floor(store: &PgStore, publisher: &RabbitPublisher) -> Floor {
 }
 
 fn hop_floor_value(floor: &Floor, pgbench_latency_ms: f64, confirm_ms: f64, hop_p50: Option<f64>) -> Value {
-    let sum = floor.finish + floor.pass + floor.sweep_sql + floor.publish_confirm + floor.claim;
+    let sum = floor.finish + floor.sweep_sql + floor.publish_confirm + floor.claim;
     // The hop is measured from the finish statement's start to the claim
     // statement's start: the claim's own commit lies outside it.
     let within = sum - floor.claim;
-    let physical = 4.0 * pgbench_latency_ms + confirm_ms;
+    let physical = 3.0 * pgbench_latency_ms + confirm_ms;
     let mut value = json!({
         "scenario": "hop_floor",
         "finish_commit_ms": round(floor.finish, 3),
-        "pass_commit_ms": round(floor.pass, 3),
+        "settling_pass_ms": round(floor.settling_pass, 3),
         "sweep_commit_ms": round(floor.sweep_sql, 3),
         "publish_confirm_ms": round(floor.publish_confirm, 3),
         "claim_commit_ms": round(floor.claim, 3),
@@ -462,13 +477,14 @@ fn hop_floor_value(floor: &Floor, pgbench_latency_ms: f64, confirm_ms: f64, hop_
     });
     let mut notes = format!(
         "Each step of a hop's path measured alone, in sequence, {FLOOR_SAMPLES} times with nothing else driving \
-         those runs, before the processes start and after they stop (the lower of the two medians, ms): finish_task_run {:.3} (its commit and NOTIFY to the scheduler), one scheduler \
-         pass over the run {:.3} (begin, lock, take_flagged, promotion with event and outbox row, activity, start, \
-         commit, NOTIFY to the publisher), the outbox sweep's SQL and commit {:.3}, the publish + confirm of its \
+         those runs, before the processes start and after they stop (the lower of the two medians, ms): \
+         finish_and_hand_off {:.3} (the success, the dependent made ready with its event and outbox row, the commit \
+         and the NOTIFY to the publisher), the outbox sweep's SQL and commit {:.3}, the publish + confirm of its \
          one dispatch {:.3}, claim_task_run {:.3}. Sum: {sum:.3} ms ({within:.3} ms without the claim, whose \
-         statement starts the measured hop's end). The bare physical floor, 4 single-row commits (pgbench 1-client \
-         latency {pgbench_latency_ms:.3} ms each) + 1 confirm ({confirm_ms:.3} ms): {physical:.3} ms.",
-        floor.finish, floor.pass, floor.sweep_sql, floor.publish_confirm, floor.claim
+         statement starts the measured hop's end). Off the path, the pass that settles the run after its last \
+         task: {:.3} ms. The bare physical floor, 3 single-row commits (pgbench 1-client latency \
+         {pgbench_latency_ms:.3} ms each) + 1 confirm ({confirm_ms:.3} ms): {physical:.3} ms.",
+        floor.finish, floor.sweep_sql, floor.publish_confirm, floor.claim, floor.settling_pass
     );
     if let Some(p50) = hop_p50 {
         value["hop_ms_p50"] = json!(round(p50, 3));
@@ -635,7 +651,7 @@ async fn main() {
     let after = measure_floor(&store, &publisher).await;
     let floor = Floor {
         finish: floor_before.finish.min(after.finish),
-        pass: floor_before.pass.min(after.pass),
+        settling_pass: floor_before.settling_pass.min(after.settling_pass),
         sweep_sql: floor_before.sweep_sql.min(after.sweep_sql),
         publish_confirm: floor_before.publish_confirm.min(after.publish_confirm),
         claim: floor_before.claim.min(after.claim),

@@ -226,6 +226,46 @@ pub fn run_edges(current: RunState, verdict: Verdict, any_started: bool) -> &'st
     }
 }
 
+/// What a forward task's success hands on in its own transaction
+/// (docs/design/scheduler.md#handoff): the dependents it alone holds back,
+/// which the store makes ready beside the success if their counter is
+/// still at one, so the common hop does not wait for a pass.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Handoff {
+    /// Dependents whose only dependency is the task and that nothing else
+    /// holds back (no condition, no map, no concurrency limit in the
+    /// workflow), ascending.
+    pub dependents: Vec<String>,
+    /// Whether promoting `dependents` is all a pass would do for this
+    /// success: then, once they are promoted, the success does not flag
+    /// its run for a pass. Never true for a task without dependents (its
+    /// success may settle the run).
+    pub whole: bool,
+}
+
+/// The [`Handoff`] of a success of task `key` of `def`. Nothing for a
+/// task the forward graph does not know (a compensator, a mapped task's
+/// child), and nothing in a workflow with concurrency limits, whose gates
+/// and slots only the pass moves (docs/design/concurrency.md#gates).
+pub fn handoff(def: &WorkflowDefinition, key: &str) -> Handoff {
+    if def.has_limits() || def.task(key).is_none_or(TaskDefinition::is_compensator) {
+        return Handoff::default();
+    }
+    let mut whole = true;
+    let mut dependents = Vec::new();
+    for task in def.graph().dependents_of(key).filter_map(|d| def.task(d)) {
+        if task.depends_on().len() == 1 && !task.holds() {
+            dependents.push(task.key().to_owned());
+        } else {
+            whole = false;
+        }
+    }
+    Handoff {
+        whole: whole && !dependents.is_empty(),
+        dependents,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,6 +445,70 @@ mod tests {
         );
         crate::schema::parse_value(serde_json::json!({"name": "saga", "version": 1, "tasks": tasks}))
             .expect("a valid saga by construction")
+    }
+
+    /// A definition over the random DAG where the tasks in `held` run
+    /// after anything (`all_done`, so the pass decides them) and, when
+    /// `limited`, the first task has a concurrency limit instead.
+    fn shaped(keys: &[String], deps: &[Vec<String>], held: &[bool], limited: bool) -> WorkflowDefinition {
+        let tasks: Vec<serde_json::Value> = keys
+            .iter()
+            .zip(deps)
+            .zip(held.iter().chain(std::iter::repeat(&false)))
+            .enumerate()
+            .map(|(i, ((k, d), held))| {
+                let mut task = serde_json::json!({"key": k, "task_type": "noop", "depends_on": d});
+                if limited && i == 0 {
+                    // A limited task cannot also be conditional.
+                    task["concurrency"] = serde_json::json!({"key": "$.site", "max": 1});
+                } else if *held {
+                    task["trigger"] = "all_done".into();
+                }
+                task
+            })
+            .collect();
+        crate::schema::parse_value(serde_json::json!({"name": "shaped", "version": 1, "tasks": tasks}))
+            .expect("a valid definition by construction")
+    }
+
+    proptest! {
+        /// A success hands on only dependents it alone holds back and that
+        /// the pass would promote at once: their only dependency is the
+        /// task, nothing holds them, and the workflow has no limits. It
+        /// skips the pass only when that is every dependent, and never
+        /// for a task without dependents (its success may settle the run).
+        #[test]
+        fn a_handoff_never_promotes_what_the_pass_would_hold(
+            (keys, deps) in arb_graph(),
+            held in prop::collection::vec(any::<bool>(), 12),
+            limited in any::<bool>(),
+        ) {
+            let def = shaped(&keys, &deps, &held, limited);
+            for key in &keys {
+                let handoff = handoff(&def, key);
+                let below: Vec<&str> = def.graph().dependents_of(key).collect();
+                if limited {
+                    prop_assert_eq!(&handoff, &Handoff::default());
+                    continue;
+                }
+                for d in &handoff.dependents {
+                    let task = def.task(d).expect("a task of the definition");
+                    prop_assert_eq!(task.depends_on(), std::slice::from_ref(key));
+                    prop_assert!(!task.holds());
+                }
+                let every = below.iter().all(|d| handoff.dependents.iter().any(|h| h == d));
+                prop_assert_eq!(handoff.whole, every && !below.is_empty());
+                // Counting this success as the pass does brings exactly
+                // the handed-on dependents to zero among those it alone
+                // held back.
+                let reaction = react(def.graph(), |k| def.task(k).map(TaskDefinition::trigger).unwrap_or_default(),
+                    [(key.as_str(), TaskRunState::Succeeded)]);
+                for d in &handoff.dependents {
+                    prop_assert_eq!(reaction.satisfied.get(d.as_str()), Some(&1));
+                }
+            }
+            prop_assert_eq!(handoff(&def, "nope"), Handoff::default());
+        }
     }
 
     proptest! {

@@ -42,14 +42,35 @@ macro_rules! reset_set {
     };
 }
 
+/// The outbox rows of the rows in CTE `moved` (id, run_id, task_key,
+/// fencing_token, priority, map_of), each with its task type from workflow
+/// `$workflow` (a parameter or a subquery), looked up per row: see
+/// [`LOWER_AND_PROMOTE`] on why a wide batch's plan is pinned to index
+/// probes. Returns their ids.
+macro_rules! dispatch_moved {
+    ($workflow:literal) => {
+        concat!(
+            "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority)
+    SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
+            now!(),
+            ", m.priority
+    FROM moved AS m
+    CROSS JOIN LATERAL (SELECT task_type FROM task WHERE workflow_id = ",
+            $workflow,
+            " AND key = COALESCE(m.map_of, m.task_key) LIMIT 1) AS t
+    ORDER BY m.id
+    ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
+    RETURNING id"
+        )
+    };
+}
+
 /// The tail of a promotion to ready: closes the `moved` CTE (the rows made
 /// ready: id, run_id, task_key, attempt, fencing_token, priority, map_of),
 /// then
 /// writes each
 /// row's `$edge` event from `$from` and its outbox row (task type from
-/// workflow `$3`, looked up per row: see [`LOWER_AND_PROMOTE`] on why
-/// a wide batch's plan is pinned to index probes) in CTEs `event` and
-/// `dispatched`.
+/// workflow `$3`, `dispatch_moved!`) in CTEs `event` and `dispatched`.
 macro_rules! made_ready {
     ($edge:literal, $from:literal) => {
         concat!(
@@ -63,15 +84,9 @@ macro_rules! made_ready {
             now!(),
             ", NULL FROM moved ORDER BY id
 ), dispatched AS (
-    INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority)
-    SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
-            now!(),
-            ", m.priority
-    FROM moved AS m
-    CROSS JOIN LATERAL (SELECT task_type FROM task WHERE workflow_id = $3 AND key = COALESCE(m.map_of, m.task_key) LIMIT 1) AS t
-    ORDER BY m.id
-    ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
-    RETURNING id
+    ",
+            dispatch_moved!("$3"),
+            "
 )"
         )
     };

@@ -1,9 +1,9 @@
 //! The scheduler pass's statements: taking a run's flags, promoting,
 //! cancelling, compensating and deriving the run's state.
 
-/// begin_pass and take_flagged in one round trip: the run locked (`FOR
-/// UPDATE SKIP LOCKED`, so several schedulers can run at once; by primary
-/// key), then [`TAKE_FLAGGED`]'s clearing, only when the lock was taken. One row
+/// begin_pass and take_flagged in one round trip: the run locked (`FOR NO
+/// KEY UPDATE SKIP LOCKED`, so several schedulers can run at once, while a
+/// finish handing on holds it `FOR KEY SHARE`; by primary key), then [`TAKE_FLAGGED`]'s clearing, only when the lock was taken. One row
 /// per flagged task run (its columns NULL when none is flagged), none when
 /// the run is locked by another scheduler or terminal. `$1` run, `$2`
 /// offset (for the run's age).
@@ -14,7 +14,7 @@ pub const BEGIN_PASS_TAKING_FLAGS: &str = concat!(
            EXTRACT(EPOCH FROM (statement_timestamp() + $2::interval) - created_at)::float8 AS age_seconds
     FROM workflow_run
     WHERE id = $1 AND state IN ('pending', 'running')
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ), ",
     take_flags!("(SELECT id FROM locked)"),
     "

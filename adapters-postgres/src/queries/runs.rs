@@ -224,6 +224,78 @@ SELECT (SELECT count(*) FROM done) > 0 AS recorded, ",
     " AS woke_scheduler"
 );
 
+/// finish_and_hand_off, a success with dependents to hand on
+/// (docs/design/scheduler.md#handoff): [`FINISH`]'s `succeed`, and in the
+/// same statement each named dependent still pending at a counter of one
+/// in a run not cancel-requested made ready, its event written after the
+/// success's and its outbox row. The row is locked first (`mine`) and
+/// everything else hangs off it, so a finish whose token lost hands on
+/// nothing. The run row is held `FOR KEY SHARE`, which [`REQUEST_CANCEL`]'s
+/// `FOR UPDATE` waits for (and which waits for it, reading the request
+/// once it commits): a dependent is never made ready after a cancel
+/// request's pass looked for waiting tasks. A pass's `FOR NO KEY UPDATE`
+/// does not conflict with it. The success is flagged for a pass unless `$8` (the handoff is
+/// whole) and every named dependent moved; a flag already set (a first
+/// claim's) stays. `$1` offset, `$2` id, `$3`
+/// token, `$4` worker, `$5` output (JSON text), `$6` the most stale-write
+/// audits one task run keeps, `$7` the dependents, `$8` whole.
+pub const FINISH_HANDOFF: &str = concat!(
+    "WITH mine AS MATERIALIZED (
+    SELECT tr.id, tr.run_id, wr.workflow_id, wr.cancel_requested_at IS NULL AS open
+    FROM task_run AS tr JOIN workflow_run AS wr ON wr.id = tr.run_id
+    WHERE tr.id = $2 AND tr.state = 'running' AND tr.fencing_token = $3
+    FOR UPDATE OF tr FOR KEY SHARE OF wr
+), moved AS (
+    UPDATE task_run AS d SET state = 'ready', pending_deps = 0
+    FROM mine
+    WHERE mine.open AND d.run_id = mine.run_id AND d.task_key = ANY($7::text[])
+      AND d.state = 'pending' AND d.pending_deps = 1 AND d.compensate_for IS NULL
+    RETURNING d.id, d.run_id, d.task_key, d.attempt, d.fencing_token, d.priority, d.map_of
+), done AS (
+    UPDATE task_run AS tr
+    SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL, finished_at = ",
+    now!(),
+    ",
+        result = $5::jsonb, result_bytes = octet_length($5::text), cancel_reason = NULL,
+        needs_pass = tr.needs_pass OR NOT ($8 AND (SELECT count(*) FROM moved) = cardinality($7::text[]))
+    FROM mine
+    WHERE tr.id = mine.id
+    RETURNING tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.needs_pass
+), event AS (
+    ",
+    event_insert!(),
+    "SELECT e.id, e.run_id, e.task_key, e.transition, e.from_state, e.to_state, e.attempt, e.fencing_token, e.worker, ",
+    now!(),
+    ", NULL
+    FROM (SELECT 0 AS o, id, run_id, task_key, 'succeed' AS transition, 'running' AS from_state,
+                 'succeeded' AS to_state, attempt, fencing_token, $4 AS worker FROM done
+          UNION ALL
+          SELECT 1, id, run_id, task_key, 'dependencies_satisfied', 'pending', 'ready', attempt, fencing_token, NULL
+          FROM moved) AS e
+    ORDER BY e.o, e.id
+), dispatched AS (
+    ",
+    dispatch_moved!("(SELECT workflow_id FROM mine)"),
+    "
+), stale AS (
+    ",
+    event_insert!(),
+    "SELECT tr.id, tr.run_id, tr.task_key, 'stale_write_rejected', NULL, NULL, tr.attempt, $3, $4, ",
+    now!(),
+    ",
+           'rejected succeed with fencing token ' || $3::text || ': the row is ' || tr.state
+           || ' at token ' || tr.fencing_token::text
+    FROM task_run AS tr
+    WHERE tr.id = $2 AND NOT EXISTS (SELECT 1 FROM mine)
+      AND (SELECT count(*) FROM task_run_event AS e
+           WHERE e.task_run_id = $2 AND e.transition = 'stale_write_rejected') < $6
+)
+SELECT (SELECT count(*) FROM done) > 0 AS recorded,
+       EXISTS (SELECT 1 FROM done WHERE needs_pass) AS woke_scheduler, ",
+    any_row!("dispatched"),
+    " AS woke_publisher"
+);
+
 /// finish_task_run, a failure with attempts left: `schedule_retry` in the
 /// failing transaction — attempt + 1, `retry_at`, and `finished_at` and the
 /// lease cleared in the same statement. `$1` offset, `$2` id, `$3` token,
@@ -464,11 +536,15 @@ pub const NEXT_DEADLINE: &str = concat!(
 /// request_cancel: records the request once, on a run not yet terminal,
 /// and flags the run. `$1` offset, `$2` run.
 pub const REQUEST_CANCEL: &str = concat!(
-    "WITH requested AS (
+    "WITH locked AS (
+    SELECT id FROM workflow_run
+    WHERE id = $2 AND cancel_requested_at IS NULL AND state IN ('pending', 'running')
+    FOR UPDATE
+), requested AS (
     UPDATE workflow_run SET cancel_requested_at = ",
     now!(),
     ", needs_pass = true
-    WHERE id = $2 AND cancel_requested_at IS NULL AND state IN ('pending', 'running')
+    WHERE id = (SELECT id FROM locked) AND cancel_requested_at IS NULL AND state IN ('pending', 'running')
     RETURNING id
 )
 SELECT (SELECT count(*) FROM requested) > 0 AS requested, ",

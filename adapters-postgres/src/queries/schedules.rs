@@ -67,11 +67,19 @@ SELECT count(*) FROM recorded"
 );
 
 /// fire_schedule, `cancel_previous`: the cancel requests of schedule `$2`'s
-/// active runs, as request_cancel writes them; a row per run.
+/// active runs, as request_cancel writes them, each run row locked `FOR
+/// UPDATE` first (in id order) so a finish handing on in it is serialized
+/// with the request (docs/design/scheduler.md#handoff); a row per run.
 pub const FIRE_CANCEL_ACTIVE: &str = concat!(
-    "UPDATE workflow_run SET cancel_requested_at = ",
+    "WITH locked AS (
+    SELECT id FROM workflow_run
+    WHERE schedule_id = $2 AND state IN ('pending', 'running') AND cancel_requested_at IS NULL
+    ORDER BY id
+    FOR UPDATE
+)
+UPDATE workflow_run SET cancel_requested_at = ",
     now!(),
-    ", needs_pass = true WHERE schedule_id = $2 AND state IN ('pending', 'running') \
+    ", needs_pass = true WHERE id IN (SELECT id FROM locked) AND state IN ('pending', 'running') \
      AND cancel_requested_at IS NULL RETURNING id"
 );
 

@@ -510,3 +510,200 @@ async fn two_schedulers_drive_runs_without_duplicates() {
         assert_eq!((rows, distinct), (4, 4), "one outbox row per readiness");
     }
 }
+
+/// Waits until some backend of this database waits on a row lock: the
+/// statement under test has reached the lock the test holds.
+async fn until_a_backend_waits_on_a_lock(raw: &sqlx::PgPool) {
+    bounded("a backend to wait on the held lock", async {
+        loop {
+            let (waiting,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(raw)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+/// The run row's lock as a cancel request takes it.
+const AS_A_CANCEL_REQUEST: &str = "SELECT id FROM workflow_run WHERE id = $1 FOR UPDATE";
+/// The run row's lock as a finish handing on takes it.
+const AS_A_HANDOFF: &str = "SELECT id FROM workflow_run WHERE id = $1 FOR KEY SHARE";
+
+/// A transaction holding the run's row by `lock` (one of the above),
+/// until it is committed.
+async fn holding_run_row(
+    raw: &sqlx::PgPool,
+    run: RunId,
+    lock: &'static str,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = raw.begin().await.unwrap();
+    sqlx::query(lock).bind(run.0).execute(&mut *tx).await.unwrap();
+    tx
+}
+
+async fn claimed_chain(store: &PgStore) -> (RunId, flowforge_ports::Claim) {
+    let wf = store
+        .publish_definition(&def(json!({
+            "name": "handoff", "version": 1,
+            "tasks": [{"key": "a", "task_type": "noop"}, {"key": "b", "task_type": "noop", "depends_on": ["a"]}]
+        })))
+        .await
+        .unwrap()
+        .id;
+    let run = store.start_run(wf, json!({})).await.unwrap();
+    let (id, token) = ready(store, run, "a").await;
+    let claim = store
+        .claim_task_run(id, token, &worker("w"), LONG_LEASE)
+        .await
+        .unwrap()
+        .expect("the claim wins");
+    (run, claim)
+}
+
+/// A handoff and a cancel request are serialized on the run row
+/// (docs/design/scheduler.md#handoff): a finish that meets a cancel request
+/// still in flight waits for it and then hands nothing on, so no dependent
+/// becomes ready behind the back of the pass that cancels waiting tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handoff_waits_for_a_cancel_request_in_flight_and_then_hands_on_nothing() {
+    let db = test_db!();
+    let (store, _) = db.store().await;
+    let raw = db.raw().await;
+    let (run, claim) = claimed_chain(&store).await;
+    // The cancel request, held open: its lock as REQUEST_CANCEL takes it.
+    let mut cancel = holding_run_row(&raw, run, AS_A_CANCEL_REQUEST).await;
+    sqlx::query("UPDATE workflow_run SET cancel_requested_at = now(), needs_pass = true WHERE id = $1")
+        .bind(run.0)
+        .execute(&mut *cancel)
+        .await
+        .unwrap();
+    let finishing = {
+        let store = store.clone();
+        let handoff = flowforge_domain::plan::Handoff {
+            dependents: vec!["b".to_owned()],
+            whole: true,
+        };
+        tokio::spawn(async move {
+            store
+                .finish_and_hand_off(claim.task_run_id, claim.token, &worker("w"), succeeded("w"), &handoff)
+                .await
+        })
+    };
+    until_a_backend_waits_on_a_lock(&raw).await;
+    cancel.commit().await.unwrap();
+    assert_eq!(
+        bounded("the finish", finishing).await.unwrap().unwrap(),
+        FinishResult::Recorded(TaskRunState::Succeeded)
+    );
+    assert_eq!(task(&store, run, "b").await.state, TaskRunState::Pending);
+    let mut pass = store.begin_pass(run).await.unwrap().expect("the run is free");
+    let flagged = pass.take_flagged().await.unwrap();
+    assert!(
+        flagged.iter().any(|t| t.key == "a"),
+        "the success is left to the pass: {flagged:?}"
+    );
+}
+
+/// The other order: a cancel request waits for a finish that holds the run
+/// row as a handoff does, while a scheduler pass does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_request_waits_for_a_handoff_and_a_pass_does_not() {
+    let db = test_db!();
+    let (store, _) = db.store().await;
+    let raw = db.raw().await;
+    let (run, _claim) = claimed_chain(&store).await;
+    let finish = holding_run_row(&raw, run, AS_A_HANDOFF).await;
+    // A pass takes the run at once.
+    let pass = bounded("begin_pass", store.begin_pass(run)).await.unwrap();
+    assert!(pass.is_some(), "a handoff's lock does not stop a pass");
+    drop(pass);
+    let cancelling = {
+        let store = store.clone();
+        tokio::spawn(async move { store.request_cancel(run).await })
+    };
+    until_a_backend_waits_on_a_lock(&raw).await;
+    assert!(!cancelling.is_finished(), "the cancel request waits for the handoff");
+    finish.commit().await.unwrap();
+    assert!(
+        bounded("the cancel request", cancelling)
+            .await
+            .unwrap()
+            .unwrap()
+            .is_some()
+    );
+}
+
+/// A schedule's `cancel_previous` is a cancel request too: it waits for a
+/// finish handing on in a run it cancels, as request_cancel does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_schedules_cancel_previous_waits_for_a_handoff() {
+    use flowforge_domain::schedule::Overlap;
+    use flowforge_ports::store::{Fire, FireStart, Fired, NewSchedule, ScheduleStore, StartOptions};
+
+    let db = test_db!();
+    let (store, _) = db.store().await;
+    let raw = db.raw().await;
+    let (_, _) = claimed_chain(&store).await;
+    let view = store
+        .create_schedule(&NewSchedule {
+            name: "hourly".to_owned(),
+            workflow: "handoff".to_owned(),
+            version: Some(1),
+            cron: "0 * * * *".to_owned(),
+            timezone: "UTC".to_owned(),
+            input: json!({}),
+            overlap: Overlap::CancelPrevious,
+            catchup_window: Duration::from_secs(3600),
+        })
+        .await
+        .unwrap()
+        .expect("a new name");
+    let start = FireStart {
+        workflow: store
+            .find_definition("handoff", 1)
+            .await
+            .unwrap()
+            .expect("published")
+            .id,
+        input: json!({}),
+        options: StartOptions::default(),
+    };
+    let fire = |hours: i64| Fire {
+        schedule: view.id,
+        missed: &[],
+        due: Some((view.cursor + chrono::TimeDelta::hours(hours), &start)),
+    };
+    let Fired::Recorded { run: Some(first), .. } = store.fire_schedule(&fire(1)).await.unwrap() else {
+        panic!("the first fire starts a run");
+    };
+    let finish = holding_run_row(&raw, first, AS_A_HANDOFF).await;
+    let firing = {
+        let store = store.clone();
+        let start = start.clone();
+        let (id, at) = (view.id, view.cursor + chrono::TimeDelta::hours(2));
+        tokio::spawn(async move {
+            store
+                .fire_schedule(&Fire {
+                    schedule: id,
+                    missed: &[],
+                    due: Some((at, &start)),
+                })
+                .await
+        })
+    };
+    until_a_backend_waits_on_a_lock(&raw).await;
+    assert!(!firing.is_finished(), "cancel_previous waits for the handoff");
+    finish.commit().await.unwrap();
+    let fired = bounded("the fire", firing).await.unwrap().unwrap();
+    assert!(
+        matches!(fired, Fired::Recorded { cancelled: 1, .. }),
+        "the first run is asked to cancel: {fired:?}"
+    );
+}

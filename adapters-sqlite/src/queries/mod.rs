@@ -163,6 +163,8 @@ pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
     vec![
         ("claim", CLAIM),
         ("finish succeeded", FINISH_SUCCEEDED),
+        ("finish succeeded, open", FINISH_SUCCEEDED_OPEN),
+        ("hand off", HAND_OFF),
         ("finish failed", FINISH_FAILED),
         ("finish retry", FINISH_RETRY),
         ("finish cancelled", FINISH_CANCELLED),

@@ -171,6 +171,28 @@ pub(crate) const SATISFY: &str = concat!(
     activity!()
 );
 
+/// finish_and_hand_off's second call, in the success's transaction
+/// (docs/design/scheduler.md#handoff): each named dependent still pending
+/// at a counter of one in a run not cancel-requested goes to zero, then
+/// takes the pass's promotion (events, outbox rows, ready); the success
+/// is flagged unless the handoff is whole and every named dependent moved
+/// (`changes()` of the promotion). `?2` run, `?3` the dependents (a
+/// JSON array), `?4` the finished task run, `?5` whole.
+pub(crate) const HAND_OFF: &str = concat!(
+    "UPDATE task_run SET pending_deps = 0 \
+     WHERE run_id = ?2 AND task_key IN (SELECT value FROM json_each(?3)) \
+     AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'pending' \
+     AND pending_deps = 1 AND compensate_for IS NULL \
+     AND (SELECT cancel_requested_at FROM workflow_run WHERE id = ?2) IS NULL; ",
+    batch_events!("dependencies_satisfied", "pending", "ready", promotable!()),
+    "; ",
+    batch_dispatch!(promotable!()),
+    "; ",
+    promote_ready!(),
+    "; UPDATE task_run SET needs_pass = 1 WHERE id = ?4 AND NOT (?5 AND changes() = json_array_length(?3)); \
+     COMMIT"
+);
+
 /// promote_due_retries' first statement: mark the run's due retries
 /// (`taskrun_active_idx`).
 macro_rules! mark_due {

@@ -42,18 +42,34 @@ pub(crate) const CLAIM: &str = concat!(
     "; COMMIT"
 );
 
-/// finish_task_run, `succeed`: `?2` id, `?3` token, `?4` worker, `?5` output.
-pub(crate) const FINISH_SUCCEEDED: &str = concat!(
-    "BEGIN IMMEDIATE; \
-     UPDATE task_run SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL, finished_at = ",
-    now!(),
-    ", result = ?5, needs_pass = 1 WHERE id = ?2 AND state = 'running' AND fencing_token = ?3 \
-     RETURNING run_id, task_key; ",
-    event_if_changed!("succeed", "running", "succeeded", "?4", "NULL"),
-    "; ",
-    stale_audit!("succeed"),
-    "; COMMIT"
-);
+/// finish_task_run, `succeed`, its transaction left open, setting the
+/// flag to `$flag`: `?2` id, `?3` token, `?4` worker, `?5` output.
+macro_rules! finish_succeeded {
+    ($flag:literal) => {
+        concat!(
+            "BEGIN IMMEDIATE; \
+             UPDATE task_run SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL, finished_at = ",
+            now!(),
+            ", result = ?5, needs_pass = ",
+            $flag,
+            " WHERE id = ?2 AND state = 'running' AND fencing_token = ?3 \
+             RETURNING run_id, task_key; ",
+            event_if_changed!("succeed", "running", "succeeded", "?4", "NULL"),
+            "; ",
+            stale_audit!("succeed")
+        )
+    };
+}
+
+/// finish_task_run, `succeed`.
+pub(crate) const FINISH_SUCCEEDED: &str = concat!(finish_succeeded!("1"), "; COMMIT");
+
+/// finish_and_hand_off's first call: the success, its transaction left
+/// open for [`HAND_OFF`](super::HAND_OFF) when it was recorded, else
+/// ended by a plain `COMMIT` (the audit of a stale finish stays). The flag
+/// is left as it was (a first claim's stays): `HAND_OFF` sets it unless
+/// the handoff was whole.
+pub(crate) const FINISH_SUCCEEDED_OPEN: &str = finish_succeeded!("needs_pass");
 
 /// finish_task_run, `fail` for good: `?5` the error.
 pub(crate) const FINISH_FAILED: &str = concat!(

@@ -55,6 +55,9 @@ pub struct WorkflowDefinition {
     /// (any task the scheduler holds): asked by every scheduler pass, so
     /// answered without a walk of the tasks.
     conditional: bool,
+    /// Whether the workflow or any forward task has a concurrency limit:
+    /// asked by every success's handoff (`plan::handoff`).
+    limited: bool,
 }
 
 impl PartialEq for WorkflowDefinition {
@@ -325,6 +328,7 @@ impl WorkflowDefinition {
             DefinitionErrors(vec![LocatedError { index, error: e.into() }])
         })?;
         let conditional = tasks.iter().any(TaskDefinition::holds);
+        let limited = !concurrency.is_empty() || tasks.iter().any(|t| !t.is_compensator() && t.concurrency().is_some());
         Ok(Self {
             name,
             version,
@@ -336,6 +340,7 @@ impl WorkflowDefinition {
             graph,
             compensators,
             conditional,
+            limited,
         })
     }
 
@@ -360,6 +365,12 @@ impl WorkflowDefinition {
     /// pass decide or expand tasks.
     pub fn has_conditions(&self) -> bool {
         self.conditional
+    }
+
+    /// Whether a run of it is gated: the workflow or one of its forward
+    /// tasks has a concurrency limit (docs/design/concurrency.md).
+    pub fn has_limits(&self) -> bool {
+        self.limited
     }
 
     /// Its run-level concurrency limits (docs/design/concurrency.md).

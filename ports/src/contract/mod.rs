@@ -142,6 +142,9 @@ macro_rules! store_contract_tests {
             a_backfill_starts_each_fire_time_once,
             a_mapped_task_expands_once_into_children_of_its_type,
             a_mapped_task_collects_in_index_order_within_the_limit_or_fails,
+            a_success_hands_on_what_it_alone_held_back,
+            a_stale_or_failed_finish_hands_on_nothing,
+            a_handoff_leaves_what_else_holds_back_to_the_pass,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
@@ -166,6 +169,7 @@ mod conditions;
 mod definitions;
 mod finishing;
 mod generic;
+mod handoff;
 mod history;
 mod limits;
 mod map;
@@ -187,6 +191,7 @@ pub use conditions::*;
 pub use definitions::*;
 pub use finishing::*;
 pub use generic::*;
+pub use handoff::*;
 pub use history::*;
 pub use limits::*;
 pub use map::*;

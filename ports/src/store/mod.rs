@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use flowforge_domain::concurrency::Gate;
 use flowforge_domain::derive::TaskTally;
+use flowforge_domain::plan::Handoff;
 use flowforge_domain::retry::Reset;
 use flowforge_domain::{
     CancelReason, RunState, RunTransition, SkipReason, TaskRunState, TaskTransition, WorkflowDefinition,
@@ -288,6 +289,32 @@ pub trait RunStore: Send + Sync + 'static {
         token: i64,
         worker: &WorkerId,
         outcome: TaskOutcome,
+    ) -> impl Future<Output = Result<FinishResult, Error>> + Send {
+        const NOTHING: &Handoff = &Handoff {
+            dependents: Vec::new(),
+            whole: false,
+        };
+        self.finish_and_hand_off(id, token, worker, outcome, NOTHING)
+    }
+
+    /// [`RunStore::finish_task_run`] that hands a success on in its own
+    /// transaction (docs/design/scheduler.md#handoff): each of
+    /// `handoff.dependents` still pending at a counter of one, in a run
+    /// not cancel-requested, takes `dependencies_satisfied` with its event
+    /// (after the success's) and its outbox row, and the publisher is
+    /// woken. When `handoff.whole` and every one of them moved, the
+    /// success is not flagged for a pass, which would find nothing to do.
+    ///
+    /// Contract: only a recorded success hands on; a stale or duplicate
+    /// finish, a failure or a cancel promotes nothing. The rows and events
+    /// written equal those of the pass's promotion.
+    fn finish_and_hand_off(
+        &self,
+        id: TaskRunId,
+        token: i64,
+        worker: &WorkerId,
+        outcome: TaskOutcome,
+        handoff: &Handoff,
     ) -> impl Future<Output = Result<FinishResult, Error>> + Send;
 
     /// The generic path for edges without a lease or side data:
@@ -327,7 +354,7 @@ pub trait RunStore: Send + Sync + 'static {
     fn next_deadline(&self, scope: Scope) -> impl Future<Output = Result<Option<Duration>, Error>> + Send;
 
     /// Opens the scheduler transaction of one run, locking the run (on
-    /// PostgreSQL `FOR UPDATE SKIP LOCKED`). `Ok(None)`: another scheduler
+    /// PostgreSQL `FOR NO KEY UPDATE SKIP LOCKED`). `Ok(None)`: another scheduler
     /// holds it, or it is terminal.
     fn begin_pass(&self, run: RunId) -> impl Future<Output = Result<Option<Self::Pass>, Error>> + Send;
 

@@ -1,0 +1,238 @@
+//! Contract cases: a success handing its dependents on in its own
+//! transaction (docs/design/scheduler.md#handoff).
+
+use std::time::Duration;
+
+use flowforge_domain::plan::Handoff;
+use flowforge_domain::{RunTransition, TaskRunState};
+use serde_json::json;
+
+use crate::store::{FinishResult, RunPass, RunStore, Scope, TaskOutcome};
+
+use super::*;
+
+/// Names `keys` as a success's handoff.
+fn naming(keys: &[&str], whole: bool) -> Handoff {
+    Handoff {
+        dependents: keys.iter().map(|k| (*k).to_owned()).collect(),
+        whole,
+    }
+}
+
+async fn hand_off<S: Store>(s: &S, c: &Claim, by: &str, outcome: TaskOutcome, handoff: &Handoff) -> FinishResult {
+    s.finish_and_hand_off(c.task_run_id, c.token, &worker(by), outcome, handoff)
+        .await
+        .expect("finish_and_hand_off")
+}
+
+/// Claims `a` of a fresh chain run and starts the run, as the pass after a
+/// first claim does; no flag is left.
+async fn running_chain<S: Store>(s: &S) -> (RunId, Claim) {
+    let run = start(s, chain()).await;
+    let c = claim(s, run, "a", "w", LONG).await;
+    let mut p = pass(s, run).await;
+    p.take_flagged().await.expect("take_flagged");
+    p.transition_run(RunTransition::Start).await.expect("start");
+    p.commit().await.expect("commit");
+    (run, c)
+}
+
+/// Every event of the run but its time, and its dispatches but their ids
+/// and times.
+async fn written<S: Store>(s: &S, run: RunId) -> (Vec<String>, Vec<String>) {
+    let events = events(s, run)
+        .await
+        .into_iter()
+        .map(|e| {
+            format!(
+                "{} {:?} {} {:?}→{:?} attempt {:?} token {:?} by {:?} error {:?}",
+                e.seq, e.task, e.transition, e.from, e.to, e.attempt, e.token, e.worker, e.error
+            )
+        })
+        .collect();
+    let dispatches = unpublished(s, Scope::Run(run))
+        .await
+        .into_iter()
+        .map(|d| {
+            format!(
+                "{} {} token {} {:?}",
+                d.task_key, d.task_type, d.fencing_token, d.priority
+            )
+        })
+        .collect();
+    (events, dispatches)
+}
+
+/// The pass that takes the success's flag lowers only pending rows: the
+/// handed-on `key` keeps its one dispatch.
+async fn the_pass_counts_it_no_more<S: Store>(s: &S, run: RunId, key: &str) {
+    let mut p = pass(s, run).await;
+    p.take_flagged().await.expect("take_flagged");
+    assert!(
+        p.satisfy_dependencies(&[(key.to_owned(), 1)])
+            .await
+            .expect("satisfy")
+            .is_empty()
+    );
+    p.commit().await.expect("commit");
+    assert_eq!(dispatches_of(s, run, key).await.len(), 1, "one dispatch per readiness");
+}
+
+/// A success makes the dependent it alone held back ready with the same
+/// rows as the pass's promotion — its event after the success's, its
+/// outbox row — wakes the publisher, and, handed on whole, leaves no
+/// flag for a pass.
+pub async fn a_success_hands_on_what_it_alone_held_back<F: StoreFactory>(factory: &F) {
+    let (s, _) = fresh(factory).await;
+    let (handed, c) = running_chain(&s).await;
+    let notifier = s.notifier().await.expect("notifier");
+    assert_eq!(
+        hand_off(&s, &c, "w", succeeded(json!({"n": 1})), &naming(&["b"], true)).await,
+        FinishResult::Recorded(TaskRunState::Succeeded)
+    );
+    assert!(woke(&notifier, Topic::Publisher).await, "the publisher is woken");
+    assert_eq!(view(&s, handed, "a").await.output, Some(json!({"n": 1})));
+    assert_eq!(view(&s, handed, "b").await.state, TaskRunState::Ready);
+    assert_eq!(view(&s, handed, "c").await.state, TaskRunState::Pending);
+    assert!(
+        s.runs_with_work(Scope::All, 10)
+            .await
+            .expect("runs_with_work")
+            .is_empty(),
+        "a whole handoff leaves nothing for a pass"
+    );
+
+    // The same hop through the pass writes the same rows.
+    let (passed, c) = running_chain(&s).await;
+    finish(&s, &c, "w", succeeded(json!({"n": 1}))).await;
+    let mut p = pass(&s, passed).await;
+    assert_eq!(p.take_flagged().await.expect("take_flagged").len(), 1);
+    assert_eq!(
+        p.satisfy_dependencies(&[("b".to_owned(), 1)]).await.expect("satisfy"),
+        ["b"]
+    );
+    p.commit().await.expect("commit");
+    let (events, dispatches) = written(&s, handed).await;
+    assert_eq!((events.clone(), dispatches.clone()), written(&s, passed).await);
+    assert!(
+        events.last().is_some_and(|e| e.contains("dependencies_satisfied")),
+        "{events:?}"
+    );
+    assert_eq!(dispatches.len(), 2, "a's and b's dispatches: {dispatches:?}");
+
+    // A flag the first claim set (the run starts) stays through a whole
+    // handoff.
+    let run = start(&s, chain()).await;
+    let c = claim(&s, run, "a", "w", LONG).await;
+    hand_off(&s, &c, "w", succeeded(json!({})), &naming(&["b"], true)).await;
+    let mut p = pass(&s, run).await;
+    assert_eq!(p.take_flagged().await.expect("take_flagged").len(), 1);
+    p.commit().await.expect("commit");
+
+    // Handed on but not whole: the success is flagged, and the pass,
+    // which lowers only pending rows, leaves b alone.
+    let (run, c) = running_chain(&s).await;
+    hand_off(&s, &c, "w", succeeded(json!({})), &naming(&["b"], false)).await;
+    assert_eq!(view(&s, run, "b").await.state, TaskRunState::Ready);
+    assert!(
+        s.runs_with_work(Scope::All, 10)
+            .await
+            .expect("runs_with_work")
+            .contains(&run)
+    );
+    the_pass_counts_it_no_more(&s, run, "b").await;
+}
+
+/// Only a recorded success hands on: a stale finish, a duplicate of one
+/// already stored, a failure and a cancel promote nothing.
+pub async fn a_stale_or_failed_finish_hands_on_nothing<F: StoreFactory>(factory: &F) {
+    let (s, clock) = fresh(factory).await;
+    let handoff = naming(&["b"], true);
+    let (run, c) = running_chain(&s).await;
+    clock.advance(LONG + Duration::from_secs(1));
+    assert_eq!(s.reap_expired_leases(Scope::All, 10).await.expect("reap").len(), 1);
+    assert_eq!(
+        hand_off(&s, &c, "w", succeeded(json!({})), &handoff).await,
+        FinishResult::Stale
+    );
+    assert_eq!(view(&s, run, "b").await.state, TaskRunState::Pending);
+    assert!(dispatches_of(&s, run, "b").await.is_empty());
+    assert_eq!(
+        events_of(&s, run, "a").await.pop().map(|e| e.transition),
+        Some("stale_write_rejected".to_owned()),
+        "the stale finish is audited"
+    );
+
+    // A duplicate of a stored success is stale too and moves nothing more.
+    let (run, c) = running_chain(&s).await;
+    hand_off(&s, &c, "w", succeeded(json!({})), &naming(&["b"], false)).await;
+    let mut p = pass(&s, run).await;
+    p.take_flagged().await.expect("take_flagged");
+    p.commit().await.expect("commit");
+    let before = written(&s, run).await;
+    assert_eq!(
+        hand_off(&s, &c, "w", succeeded(json!({})), &handoff).await,
+        FinishResult::Stale
+    );
+    let after = written(&s, run).await;
+    assert_eq!(after.1, before.1, "no second dispatch");
+    assert_eq!(after.0.len(), before.0.len() + 1, "only the audit: {:?}", after.0);
+
+    // A failure or a cancel hands on nothing, and is flagged.
+    for outcome in [
+        TaskOutcome::Failed {
+            error: "boom".into(),
+            retry_in: None,
+        },
+        TaskOutcome::Cancelled,
+    ] {
+        let (run, c) = running_chain(&s).await;
+        hand_off(&s, &c, "w", outcome, &handoff).await;
+        assert_eq!(view(&s, run, "b").await.state, TaskRunState::Pending);
+        assert!(dispatches_of(&s, run, "b").await.is_empty());
+        assert!(
+            s.runs_with_work(Scope::Run(run), 10)
+                .await
+                .expect("runs_with_work")
+                .contains(&run)
+        );
+    }
+}
+
+/// A dependent still waiting on another task, or in a cancel-requested
+/// run, is left to the pass, and the success is flagged for it; the pass
+/// then counts each success once.
+pub async fn a_handoff_leaves_what_else_holds_back_to_the_pass<F: StoreFactory>(factory: &F) {
+    let (s, _) = fresh(factory).await;
+    let run = start(&s, diamond()).await;
+    let a = claim(&s, run, "a", "w", LONG).await;
+    let b = claim(&s, run, "b", "w", LONG).await;
+    drain_flags(&s, run).await;
+    // c waits on a and b: naming it (as no handoff would) moves nothing.
+    hand_off(&s, &a, "w", succeeded(json!({})), &naming(&["c"], true)).await;
+    assert_eq!(view(&s, run, "c").await.state, TaskRunState::Pending);
+    let mut p = pass(&s, run).await;
+    let flagged = p.take_flagged().await.expect("take_flagged");
+    assert_eq!(flagged.len(), 1, "the success is flagged");
+    assert!(
+        p.satisfy_dependencies(&[("c".to_owned(), 1)])
+            .await
+            .expect("satisfy")
+            .is_empty()
+    );
+    p.commit().await.expect("commit");
+    // b's success finds c at one: it hands c on, and the pass that counts
+    // b's success finds c no longer pending.
+    hand_off(&s, &b, "w", succeeded(json!({})), &naming(&["c"], false)).await;
+    assert_eq!(view(&s, run, "c").await.state, TaskRunState::Ready);
+    the_pass_counts_it_no_more(&s, run, "c").await;
+
+    // A cancel-requested run: nothing handed on, the success flagged.
+    let (run, c) = running_chain(&s).await;
+    s.request_cancel(run).await.expect("cancel").expect("the run exists");
+    hand_off(&s, &c, "w", succeeded(json!({})), &naming(&["b"], true)).await;
+    assert_eq!(view(&s, run, "b").await.state, TaskRunState::Pending);
+    let mut p = pass(&s, run).await;
+    assert_eq!(p.take_flagged().await.expect("take_flagged").len(), 1);
+    p.commit().await.expect("commit");
+}
