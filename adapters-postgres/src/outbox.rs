@@ -8,6 +8,7 @@ use std::fmt;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use flowforge_ports::store::Topic;
 use flowforge_ports::{Dispatch, DispatchId, OutboxStore, OutboxSweep, RunId, Scope, TaskRunId, store};
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
@@ -18,8 +19,10 @@ use crate::rows::priority;
 use crate::runs::scope_runs;
 use crate::store::{PgStore, micros};
 
-#[derive(Debug, sqlx::FromRow)]
-struct OutboxRow {
+/// An outbox row as a sweep reads it, or as a finish that holds its rows
+/// returns them (JSON).
+#[derive(Debug, sqlx::FromRow, serde::Deserialize)]
+pub(crate) struct OutboxRow {
     id: i64,
     task_run_id: i64,
     run_id: Uuid,
@@ -28,6 +31,21 @@ struct OutboxRow {
     fencing_token: i64,
     created_at: DateTime<Utc>,
     priority: i16,
+}
+
+impl OutboxRow {
+    pub(crate) fn into_dispatch(self) -> Result<Dispatch, store::Error> {
+        Ok(Dispatch {
+            priority: priority(self.priority, "outbox.priority")?,
+            dispatch_id: DispatchId(self.id),
+            task_run_id: TaskRunId(self.task_run_id),
+            run_id: RunId(self.run_id),
+            task_key: self.task_key,
+            task_type: self.task_type,
+            fencing_token: self.fencing_token,
+            ready_at: Some(self.created_at),
+        })
+    }
 }
 
 /// One sweep: the rows it holds stay locked until commit or drop (drop
@@ -70,6 +88,7 @@ impl OutboxStore for PgStore {
             .bind(i64::from(limit))
             .bind(scope_runs(&scope))
             .bind(micros(aging))
+            .bind(self.offset())
             .fetch_all(&mut *tx)
             .await
             .map_err(store_error)?;
@@ -80,18 +99,7 @@ impl OutboxStore for PgStore {
         let held = rows.iter().map(|r| r.id).collect();
         let dispatches = rows
             .into_iter()
-            .map(|r| {
-                Ok(Dispatch {
-                    priority: priority(r.priority, "outbox.priority")?,
-                    dispatch_id: DispatchId(r.id),
-                    task_run_id: TaskRunId(r.task_run_id),
-                    run_id: RunId(r.run_id),
-                    task_key: r.task_key,
-                    task_type: r.task_type,
-                    fencing_token: r.fencing_token,
-                    ready_at: Some(r.created_at),
-                })
-            })
+            .map(OutboxRow::into_dispatch)
             .collect::<Result<_, store::Error>>()?;
         Ok(Some(PgSweep {
             store: self.clone(),
@@ -110,6 +118,32 @@ impl OutboxStore for PgStore {
             .await
             .map_err(store_error)?;
         Ok(done.rows_affected())
+    }
+
+    async fn settle_held(&self, published: &[DispatchId], released: &[DispatchId]) -> Result<(), store::Error> {
+        if published.is_empty() && released.is_empty() {
+            return Ok(());
+        }
+        let ids = |ids: &[DispatchId]| ids.iter().map(|d| d.0).collect::<Vec<i64>>();
+        let woke: bool = sqlx::query_scalar(queries::SETTLE_HELD)
+            .bind(self.offset())
+            .bind(ids(published))
+            .bind(ids(released))
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        self.announce(&[(Topic::Publisher, woke)]).await;
+        Ok(())
+    }
+
+    async fn held_for(&self, scope: Scope) -> Result<Option<Duration>, store::Error> {
+        let micros: Option<f64> = sqlx::query_scalar(queries::HELD_FOR)
+            .bind(self.offset())
+            .bind(scope_runs(&scope))
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        Ok(micros.map(|m| Duration::from_secs_f64(m.max(0.0) / 1_000_000.0)))
     }
 }
 

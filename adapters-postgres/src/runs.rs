@@ -12,11 +12,12 @@ use flowforge_domain::plan::Handoff;
 use flowforge_domain::retry::Reset;
 use flowforge_domain::{RunState, TaskRunState, TaskTransition, run_machine};
 use flowforge_ports::store::{
-    Gauges, IdempotencyKey, KeyedStart, NewRun, RunQuery, StartOptions, Wait, resolve_generic_transition,
+    Finished, Gauges, IdempotencyKey, KeyedStart, NewRun, RunQuery, StartOptions, Wait, resolve_generic_transition,
 };
 use flowforge_ports::{
-    CancelOutcome, Claim, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore, RunSummary, Scope,
-    TaskInputs, TaskOutcome, TaskRunId, TaskRunView, Topic, TransitionError, WorkerId, WorkflowId, store,
+    CancelOutcome, Claim, Dispatch, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore,
+    RunSummary, Scope, TaskInputs, TaskOutcome, TaskRunId, TaskRunView, Topic, TransitionError, WorkerId, WorkflowId,
+    store,
 };
 use serde_json::{Map, Value};
 use sqlx::PgExecutor;
@@ -24,6 +25,7 @@ use uuid::Uuid;
 
 use crate::error::{corrupt, store_error};
 use crate::notify::PgNotifier;
+use crate::outbox::OutboxRow;
 use crate::pass::PgRunPass;
 use crate::queries;
 use crate::rows::{DetailRow, EventRow, SummaryRow, TaskRunRow, WaitRow, parse_name, to_u32, to_u64};
@@ -170,27 +172,35 @@ impl PgStore {
         worker: &WorkerId,
         output: &Value,
         handoff: &Handoff,
-    ) -> Result<FinishResult, store::Error> {
+        hold: Option<Duration>,
+    ) -> Result<Finished, store::Error> {
         let output =
             serde_json::to_string(output).map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;
-        let (recorded, woke_scheduler, woke_publisher): (bool, bool, bool) = sqlx::query_as(queries::FINISH_HANDOFF)
-            .bind(self.offset())
-            .bind(id.0)
-            .bind(token)
-            .bind(&worker.0)
-            .bind(output)
-            .bind(MAX_STALE_AUDITS_PER_TASK_RUN)
-            .bind(&handoff.dependents)
-            .bind(handoff.whole)
-            .fetch_one(&self.inner.pool)
-            .await
-            .map_err(store_error)?;
+        let (recorded, woke_scheduler, woke_publisher, held, queued): (bool, bool, bool, Option<String>, bool) =
+            sqlx::query_as(queries::FINISH_HANDOFF)
+                .bind(self.offset())
+                .bind(id.0)
+                .bind(token)
+                .bind(&worker.0)
+                .bind(output)
+                .bind(MAX_STALE_AUDITS_PER_TASK_RUN)
+                .bind(&handoff.dependents)
+                .bind(handoff.whole)
+                .bind(hold.map(micros))
+                .fetch_one(&self.inner.pool)
+                .await
+                .map_err(store_error)?;
         self.announce(&[(Topic::Publisher, woke_publisher), (Topic::Scheduler, woke_scheduler)])
             .await;
-        Ok(if recorded {
+        let result = if recorded {
             FinishResult::Recorded(TaskRunState::Succeeded)
         } else {
             FinishResult::Stale
+        };
+        Ok(Finished {
+            result,
+            held: held_dispatches(held.as_deref()),
+            queued,
         })
     }
 
@@ -542,12 +552,17 @@ impl RunStore for PgStore {
         worker: &WorkerId,
         outcome: TaskOutcome,
         handoff: &Handoff,
-    ) -> Result<FinishResult, store::Error> {
+        hold: Option<Duration>,
+    ) -> Result<Finished, store::Error> {
         match outcome.storable() {
             TaskOutcome::Succeeded { output } if !handoff.dependents.is_empty() => {
-                self.finish_handing_off(id, token, worker, &output, handoff).await
+                self.finish_handing_off(id, token, worker, &output, handoff, hold).await
             }
-            outcome => self.finish(id, token, worker, outcome).await,
+            outcome => Ok(Finished {
+                result: self.finish(id, token, worker, outcome).await?,
+                held: Vec::new(),
+                queued: false,
+            }),
         }
     }
 
@@ -813,5 +828,24 @@ impl RunStore for PgStore {
     async fn notifier(&self) -> Result<PgNotifier, store::Error> {
         self.inner.hub.ensure_listening().await?;
         Ok(PgNotifier::new(std::sync::Arc::clone(&self.inner.hub)))
+    }
+}
+
+/// The held rows a finish returned (JSON). The finish has committed, so
+/// rows that cannot be read are not its error: they are left to the sweep,
+/// which takes them once their hold is over.
+fn held_dispatches(rows: Option<&str>) -> Vec<Dispatch> {
+    let Some(rows) = rows else {
+        return Vec::new();
+    };
+    match serde_json::from_str::<Vec<OutboxRow>>(rows)
+        .map_err(|e| corrupt(format!("outbox: held rows: {e}")))
+        .and_then(|rows| rows.into_iter().map(OutboxRow::into_dispatch).collect())
+    {
+        Ok(held) => held,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read the dispatches a finish held; the sweep publishes them after their hold");
+            Vec::new()
+        }
     }
 }

@@ -15,15 +15,17 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flowforge_ports::{Dispatch, DispatchId, OutboxStore, OutboxSweep, Scope, TaskRunId, store};
+use flowforge_ports::{Dispatch, DispatchId, OutboxStore, OutboxSweep, Scope, TaskRunId, Topic, store};
 
 use crate::queries;
 use crate::rows::run_id;
-use crate::rows::{decode, priority, scope_key, time};
+use crate::rows::{col, decode, priority, scope_key, time};
 use crate::store::{Inner, SqliteStore, ids_json, lock, padded, sql};
 
+/// An outbox row as a sweep reads it, or as a finish that holds its rows
+/// returns it.
 #[derive(Debug, sqlx::FromRow)]
-struct OutboxRow {
+pub(crate) struct OutboxRow {
     id: i64,
     task_run_id: i64,
     run_id: String,
@@ -32,6 +34,21 @@ struct OutboxRow {
     fencing_token: i64,
     created_at: i64,
     priority: i64,
+}
+
+impl OutboxRow {
+    pub(crate) fn into_dispatch(self) -> Result<Dispatch, store::Error> {
+        Ok(Dispatch {
+            priority: priority(self.priority, "outbox.priority")?,
+            dispatch_id: DispatchId(self.id),
+            task_run_id: TaskRunId(self.task_run_id),
+            run_id: run_id(&self.run_id)?,
+            task_key: self.task_key,
+            task_type: self.task_type,
+            fencing_token: self.fencing_token,
+            ready_at: Some(time("outbox.created_at", self.created_at)?),
+        })
+    }
 }
 
 /// An open sweep: rows held in this process until committed or dropped.
@@ -80,7 +97,8 @@ impl OutboxStore for SqliteStore {
                     .bind(scope_key(&scope))
                     .bind(ids_json(&skip))
                     .bind(i64::from(limit))
-                    .bind(i64::try_from(aging.as_millis()).unwrap_or(i64::MAX)),
+                    .bind(i64::try_from(aging.as_millis()).unwrap_or(i64::MAX))
+                    .bind(self.inner.offset()),
             )
             .await?;
         if rows.is_empty() {
@@ -88,19 +106,7 @@ impl OutboxStore for SqliteStore {
         }
         let dispatches = rows
             .iter()
-            .map(|r| {
-                let r: OutboxRow = decode(r)?;
-                Ok(Dispatch {
-                    priority: priority(r.priority, "outbox.priority")?,
-                    dispatch_id: DispatchId(r.id),
-                    task_run_id: TaskRunId(r.task_run_id),
-                    run_id: run_id(&r.run_id)?,
-                    task_key: r.task_key,
-                    task_type: r.task_type,
-                    fencing_token: r.fencing_token,
-                    ready_at: Some(time("outbox.created_at", r.created_at)?),
-                })
-            })
+            .map(|r| decode::<OutboxRow>(r)?.into_dispatch())
             .collect::<Result<Vec<_>, store::Error>>()?;
         let held: HashSet<i64> = dispatches.iter().map(|d| d.dispatch_id.0).collect();
         lock(&self.inner.held_dispatches).extend(held.iter().copied());
@@ -126,6 +132,44 @@ impl OutboxStore for SqliteStore {
             )
             .await?;
         Ok(rows.len() as u64)
+    }
+
+    async fn settle_held(&self, published: &[DispatchId], released: &[DispatchId]) -> Result<(), store::Error> {
+        if published.is_empty() && released.is_empty() {
+            return Ok(());
+        }
+        let ids = |ids: &[DispatchId]| ids_json(&ids.iter().map(|d| d.0).collect::<Vec<i64>>());
+        let offset = self.inner.offset();
+        let rows = self
+            .inner
+            .write()
+            .await?
+            .call(padded(
+                sql(queries::SETTLE_HELD)
+                    .bind(offset)
+                    .bind(ids(published))
+                    .bind(ids(released)),
+            ))
+            .await?;
+        if !rows.is_empty() {
+            self.inner.wakeups.wake(Topic::Publisher);
+        }
+        Ok(())
+    }
+
+    async fn held_for(&self, scope: Scope) -> Result<Option<Duration>, store::Error> {
+        let offset = self.inner.offset();
+        let rows = self
+            .inner
+            .read()
+            .await?
+            .call(padded(sql(queries::HELD_FOR).bind(offset).bind(scope_key(&scope))))
+            .await?;
+        let millis: Option<i64> = match rows.first() {
+            Some(row) => col(row, 0)?,
+            None => None,
+        };
+        Ok(millis.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
     }
 }
 

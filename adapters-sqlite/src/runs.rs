@@ -17,16 +17,17 @@ use flowforge_domain::plan::Handoff;
 use flowforge_domain::retry::Reset;
 use flowforge_domain::{Priority, RunState, TaskRunState, TaskTransition, initial_task_run_state};
 use flowforge_ports::store::resolve_generic_transition;
-use flowforge_ports::store::{Gauges, IdempotencyKey, KeyedStart, NewRun, RunQuery, StartOptions};
+use flowforge_ports::store::{Finished, Gauges, IdempotencyKey, KeyedStart, NewRun, RunQuery, StartOptions};
 use flowforge_ports::{
-    CancelOutcome, Claim, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore, RunSummary, Scope,
-    TaskInputs, TaskOutcome, TaskRunId, Topic, TransitionError, WorkerId, WorkflowId, store,
+    CancelOutcome, Claim, Dispatch, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore,
+    RunSummary, Scope, TaskInputs, TaskOutcome, TaskRunId, Topic, TransitionError, WorkerId, WorkflowId, store,
 };
 use serde_json::{Map, Value};
 use sqlx::Row;
 
 use crate::error::{is_unique_violation, store_error};
 use crate::notify::SqliteNotifier;
+use crate::outbox::OutboxRow;
 use crate::pass::SqlitePass;
 use crate::queries;
 use crate::rows::{EventRow, SummaryRow, TaskRunRow, WaitRow};
@@ -281,7 +282,8 @@ impl SqliteStore {
         worker: &WorkerId,
         output: &Value,
         handoff: &Handoff,
-    ) -> Result<FinishResult, store::Error> {
+        hold: Option<Duration>,
+    ) -> Result<Finished, store::Error> {
         let offset = self.inner.offset();
         let output =
             serde_json::to_string(output).map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;
@@ -300,7 +302,11 @@ impl SqliteStore {
         let Some(row) = rows.first() else {
             // Stale: nothing to hand on; the audit is kept.
             conn.call(sql("COMMIT")).await?;
-            return Ok(FinishResult::Stale);
+            return Ok(Finished {
+                result: FinishResult::Stale,
+                held: Vec::new(),
+                queued: false,
+            });
         };
         let run: String = col(row, 0)?;
         let key: String = col(row, 1)?;
@@ -311,18 +317,82 @@ impl SqliteStore {
                     .bind(run.clone())
                     .bind(dependents)
                     .bind(id.0)
-                    .bind(handoff.whole),
+                    .bind(handoff.whole)
+                    .bind(hold.map(duration_ms)),
             ))
             .await?;
         drop(conn);
         lock(&self.inner.inputs).output(run_id(&run)?, &key, id.0, &output);
-        if !moved.is_empty() {
+        let promoted = tagged(&moved, 3).count();
+        if promoted > 0 && hold.is_none() {
             self.inner.wakeups.wake(Topic::Publisher);
         }
-        if !(handoff.whole && moved.len() == handoff.dependents.len()) {
+        if !(handoff.whole && promoted == handoff.dependents.len()) {
             self.inner.wakeups.wake(Topic::Scheduler);
         }
-        Ok(FinishResult::Recorded(TaskRunState::Succeeded))
+        let queued = match tagged(&moved, 5).next() {
+            Some(row) => col::<bool>(row, 1).unwrap_or(false),
+            None => false,
+        };
+        Ok(Finished {
+            result: FinishResult::Recorded(TaskRunState::Succeeded),
+            held: if hold.is_some() {
+                held_dispatches(&moved)
+            } else {
+                Vec::new()
+            },
+            queued,
+        })
+    }
+
+    /// A finish that hands nothing on: one call, one transaction. The
+    /// outcome is already storable.
+    async fn finish(
+        &self,
+        id: TaskRunId,
+        token: i64,
+        worker: &WorkerId,
+        outcome: TaskOutcome,
+    ) -> Result<FinishResult, store::Error> {
+        let offset = self.inner.offset();
+        let base = |text: &'static str| sql(text).bind(offset).bind(id.0).bind(token).bind(worker.0.clone());
+        let mut stored = None;
+        let (query, rests_in) = match outcome {
+            TaskOutcome::Succeeded { output } => {
+                let output = serde_json::to_string(&output)
+                    .map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;
+                stored = Some(output.clone());
+                (base(queries::FINISH_SUCCEEDED).bind(output), TaskRunState::Succeeded)
+            }
+            TaskOutcome::Failed { error, retry_in: None } => {
+                (base(queries::FINISH_FAILED).bind(error), TaskRunState::Failed)
+            }
+            TaskOutcome::Failed {
+                error,
+                retry_in: Some(delay),
+            } => (
+                base(queries::FINISH_RETRY).bind(error).bind(duration_ms(delay)),
+                TaskRunState::Retrying,
+            ),
+            TaskOutcome::Cancelled => (base(queries::FINISH_CANCELLED), TaskRunState::Cancelled),
+        };
+        let rows = self.inner.write().await?.call(padded(query)).await?;
+        if let (Some(output), Some(row)) = (stored, rows.first()) {
+            // Succeeded is terminal: this is the output every later read finds.
+            let run = run_id(&col::<String>(row, 0)?)?;
+            lock(&self.inner.inputs).output(run, &col::<String>(row, 1)?, id.0, &output);
+        }
+        if rows.is_empty() {
+            // Not a transition, but an audit fact
+            // (docs/design/leases-and-fencing.md#stale-writes), written by the
+            // same call: which worker presented which token, and where the row
+            // really was.
+            return Ok(FinishResult::Stale);
+        }
+        // A retry also wakes the scheduler, whose next deadline may now be
+        // this row's retry_at.
+        self.inner.wakeups.wake(Topic::Scheduler);
+        Ok(FinishResult::Recorded(rests_in))
     }
 }
 
@@ -642,52 +712,19 @@ impl RunStore for SqliteStore {
         worker: &WorkerId,
         outcome: TaskOutcome,
         handoff: &Handoff,
-    ) -> Result<FinishResult, store::Error> {
+        hold: Option<Duration>,
+    ) -> Result<Finished, store::Error> {
         let outcome = outcome.storable();
         if let TaskOutcome::Succeeded { output } = &outcome
             && !handoff.dependents.is_empty()
         {
-            return self.finish_handing_off(id, token, worker, output, handoff).await;
+            return self.finish_handing_off(id, token, worker, output, handoff, hold).await;
         }
-        let offset = self.inner.offset();
-        let base = |text: &'static str| sql(text).bind(offset).bind(id.0).bind(token).bind(worker.0.clone());
-        let mut stored = None;
-        let (query, rests_in) = match outcome {
-            TaskOutcome::Succeeded { output } => {
-                let output = serde_json::to_string(&output)
-                    .map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;
-                stored = Some(output.clone());
-                (base(queries::FINISH_SUCCEEDED).bind(output), TaskRunState::Succeeded)
-            }
-            TaskOutcome::Failed { error, retry_in: None } => {
-                (base(queries::FINISH_FAILED).bind(error), TaskRunState::Failed)
-            }
-            TaskOutcome::Failed {
-                error,
-                retry_in: Some(delay),
-            } => (
-                base(queries::FINISH_RETRY).bind(error).bind(duration_ms(delay)),
-                TaskRunState::Retrying,
-            ),
-            TaskOutcome::Cancelled => (base(queries::FINISH_CANCELLED), TaskRunState::Cancelled),
-        };
-        let rows = self.inner.write().await?.call(padded(query)).await?;
-        if let (Some(output), Some(row)) = (stored, rows.first()) {
-            // Succeeded is terminal: this is the output every later read finds.
-            let run = run_id(&col::<String>(row, 0)?)?;
-            lock(&self.inner.inputs).output(run, &col::<String>(row, 1)?, id.0, &output);
-        }
-        if rows.is_empty() {
-            // Not a transition, but an audit fact
-            // (docs/design/leases-and-fencing.md#stale-writes), written by the
-            // same call: which worker presented which token, and where the row
-            // really was.
-            return Ok(FinishResult::Stale);
-        }
-        // A retry also wakes the scheduler, whose next deadline may now be
-        // this row's retry_at.
-        self.inner.wakeups.wake(Topic::Scheduler);
-        Ok(FinishResult::Recorded(rests_in))
+        Ok(Finished {
+            result: self.finish(id, token, worker, outcome).await?,
+            held: Vec::new(),
+            queued: false,
+        })
     }
 
     async fn transition_task_run(
@@ -1004,5 +1041,24 @@ impl RunStore for SqliteStore {
 
     async fn notifier(&self) -> Result<SqliteNotifier, store::Error> {
         Ok(SqliteNotifier::new(self.inner.wakeups.clone()))
+    }
+}
+
+/// The held rows a hand-off returned (tagged 4), in id order. The finish
+/// has committed, so rows that cannot be read are not its error: they are
+/// left to the sweep, which takes them once their hold is over.
+fn held_dispatches(rows: &[sqlx::sqlite::SqliteRow]) -> Vec<Dispatch> {
+    let held = tagged(rows, 4)
+        .map(|r| decode::<OutboxRow>(r)?.into_dispatch())
+        .collect::<Result<Vec<_>, store::Error>>();
+    match held {
+        Ok(mut held) => {
+            held.sort_by_key(|d| d.dispatch_id.0);
+            held
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read the dispatches a finish held; the sweep publishes them after their hold");
+            Vec::new()
+        }
     }
 }

@@ -352,6 +352,8 @@ where
                 scope,
                 nudge,
                 aging: self.config.priority_aging,
+                // This engine's worker publishes nothing itself.
+                holds: None,
                 ..PublisherConfig::default()
             },
         )

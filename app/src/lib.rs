@@ -5,6 +5,7 @@
 //! Nothing here names a concrete adapter: the `flowforge` binary (and any
 //! embedding program) picks the store and the queue.
 
+pub mod after_commit;
 pub mod attempts;
 pub mod builtins;
 pub mod cache;

@@ -3,7 +3,9 @@
 //! (docs/design/priorities.md), publish them with confirms, mark the
 //! confirmed ones in the same transaction. A broker outage rolls back: the rows
 //! stay and are retried. A queue that keeps a window takes only what fits;
-//! the rest waits in the outbox, polled until there is room.
+//! the rest waits in the outbox, polled until there is room. Rows a
+//! committer holds to publish itself are left to it until their hold is
+//! over (docs/design/outbox-and-queues.md#publish-after-commit).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +16,10 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
+
+/// How long after a held row's release the loop looks, so the sweep's
+/// store time has reached it.
+const HOLD_SLACK: Duration = Duration::from_millis(5);
 
 /// What one sweep did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -54,6 +60,12 @@ pub struct PublisherConfig {
     /// go through like any other, so their duplicates never exceed it
     /// (docs/design/outbox-and-queues.md#lost-dispatches). `None`: never.
     pub redispatch_after: Option<Duration>,
+    /// The longest hold committers put on rows they publish themselves, as
+    /// distributed workers do (docs/design/outbox-and-queues.md#publish-after-commit),
+    /// or `None` when none does (an embedded engine). Nothing wakes the
+    /// loop when a hold ends, so it sleeps no longer than this, nor than
+    /// until the first hold it knows of ends.
+    pub holds: Option<Duration>,
 }
 
 impl Default for PublisherConfig {
@@ -66,6 +78,7 @@ impl Default for PublisherConfig {
             aging: DEFAULT_PRIORITY_AGING,
             room_poll: Duration::from_millis(5),
             redispatch_after: None,
+            holds: Some(crate::after_commit::DEFAULT_HOLD),
         }
     }
 }
@@ -201,6 +214,22 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
         self.publish_once().await
     }
 
+    /// `wait`, or less if a row held for its committer is released sooner,
+    /// and at most `hold`, for holds taken while the loop sleeps: nothing
+    /// wakes it when a hold ends (its committer settles the row, or died;
+    /// docs/design/outbox-and-queues.md#publish-after-commit).
+    async fn until_a_hold_ends(&self, wait: Duration, hold: Duration) -> Duration {
+        let wait = wait.min(hold + HOLD_SLACK);
+        match self.store.held_for(self.config.scope.clone()).await {
+            Ok(Some(held)) => wait.min(held + HOLD_SLACK),
+            Ok(None) => wait,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot see the rows held for their committers");
+                wait
+            }
+        }
+    }
+
     /// Sweeps until `shutdown`, woken by new outbox rows; backs off (capped,
     /// jittered) while the queue or the store is unavailable. A queue-type
     /// mismatch is fatal: no retry can fix it.
@@ -211,6 +240,7 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
         let mut rearm = Rearm::new(self.queue.durable(), self.config.redispatch_after);
         loop {
             let mut wait = self.config.safety_net;
+            let mut room_poll = false;
             match self.sweep(&mut rearm).await {
                 Ok(report) => {
                     failures = 0;
@@ -218,6 +248,7 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
                         continue;
                     }
                     if report.held_back {
+                        room_poll = true;
                         full_polls = if report.published > 0 {
                             0
                         } else {
@@ -242,6 +273,12 @@ impl<S: Store, P: DispatchPublisher> OutboxPublisher<S, P> {
                 }
             }
             let wait = rearm.wait().map_or(wait, |due| wait.min(due));
+            let wait = match self.config.holds {
+                // While the window is full the room poll looks soon anyway,
+                // and a row whose hold has ended could not go out sooner.
+                Some(hold) if !room_poll => self.until_a_hold_ends(wait, hold).await,
+                _ => wait,
+            };
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 () = notifier.notified(Topic::Publisher) => {}

@@ -493,10 +493,10 @@ impl<S: Store> RemoteWork<S> {
     ) -> Result<FinishResult, Error> {
         let stored = self
             .store
-            .finish_and_hand_off(key.0, key.1, worker, outcome, handoff)
+            .finish_and_hand_off(key.0, key.1, worker, outcome, handoff, None)
             .await?;
         self.issued().remove(&key);
-        Ok(stored)
+        Ok(stored.result)
     }
 
     async fn retry_in(

@@ -26,6 +26,7 @@ use tokio::time::error::Elapsed;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::after_commit::AfterCommit;
 use crate::cache::DefinitionCache;
 use crate::error::Error;
 use crate::observers::Observers;
@@ -65,6 +66,10 @@ pub struct WorkerConfig {
     /// Task timeouts above this are refused (RabbitMQ's consumer timeout
     /// would otherwise close the channel under a long task).
     pub max_task_timeout: Option<Duration>,
+    /// Publishes the dispatches a success made ready right after its
+    /// commit (docs/design/outbox-and-queues.md#publish-after-commit);
+    /// without it they wait for the outbox publisher's sweep.
+    pub after_commit: Option<AfterCommit>,
 }
 
 impl WorkerConfig {
@@ -79,6 +84,7 @@ impl WorkerConfig {
             stop_grace: Duration::from_secs(5),
             limits: Limits::default(),
             max_task_timeout: None,
+            after_commit: None,
         }
     }
 }
@@ -418,6 +424,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
     /// the lease has been reaped, the finish is `Stale`.
     async fn finish(&self, claim: &Claim, outcome: TaskOutcome) -> Result<FinishResult, store::Error> {
         let handoff = self.handoff(claim, &outcome).await;
+        let after_commit = self.config.after_commit.as_ref().filter(|a| a.takes(&handoff));
         let started = Instant::now();
         let mut pause = FINISH_RETRY_FIRST_PAUSE;
         loop {
@@ -429,6 +436,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                     &self.config.id,
                     outcome.clone(),
                     &handoff,
+                    after_commit.map(AfterCommit::hold),
                 )
                 .await
             {
@@ -437,7 +445,15 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(FINISH_RETRY_MAX_PAUSE);
                 }
-                other => return other,
+                Ok(finished) => {
+                    if let Some(after_commit) = after_commit
+                        && !finished.held.is_empty()
+                    {
+                        after_commit.hand(finished.held, finished.queued);
+                    }
+                    return Ok(finished.result);
+                }
+                Err(e) => return Err(e),
             }
         }
     }

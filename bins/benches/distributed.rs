@@ -58,6 +58,7 @@ use cpu::CpuProbe;
 use flowforge::RunState;
 use flowforge_adapters_postgres::{PgOptions, PgStore};
 use flowforge_adapters_rabbit::{RabbitConfig, RabbitPublisher, RabbitQueue};
+use flowforge_app::after_commit::DEFAULT_HOLD;
 use flowforge_app::cache::DefinitionCache;
 use flowforge_app::observers::Observers;
 use flowforge_app::scheduler::{Scheduler, SchedulerConfig};
@@ -229,8 +230,10 @@ async fn bench_chain<N: Notifier>(b: &Bench<N>, db: &BenchDb, procs: &mut Proces
              the hop's three legs: succeed → the successor's `dependencies_satisfied` ({:.3} ms: zero when the \
              finish hands it on in its own statement, docs/design/scheduler.md#handoff; else the NOTIFY, the \
              scheduler's wake-up and its pass up to the promotion); → the dispatch marked published (the commit, \
-             NOTIFY, publisher wake-up, sweep, publish + confirm) {:.3} ms; → the claim (sweep commit, broker \
-             delivery, worker) {:.3} ms.",
+             then the worker's own publish + confirm and settle_held, \
+             docs/design/outbox-and-queues.md#publish-after-commit; else the NOTIFY, publisher wake-up, sweep, \
+             publish + confirm) {:.3} ms; → the claim (broker delivery, worker; the mark may land after it) \
+             {:.3} ms.",
             hops.len(),
             median(&to_promotion),
             median(&to_published),
@@ -348,13 +351,14 @@ async fn bench_rabbit(publisher: &RabbitPublisher) -> (Value, f64) {
 
 /// The latencies on a hop's path, measured alone and in sequence (before
 /// the processes start, so nothing else drives these runs): the finish
-/// handing the dependent on, the outbox sweep's SQL and commit, the
-/// publish and its confirm, the claim; and off the path, the pass that
+/// handing the dependent on with its dispatch held, the publish of that
+/// dispatch and its confirm right after the commit, the claim; and off the
+/// path, the statement that marks the dispatch published and the pass that
 /// settles the run. Medians, in ms.
 struct Floor {
     finish: f64,
     settling_pass: f64,
-    sweep_sql: f64,
+    settle: f64,
     publish_confirm: f64,
     claim: f64,
 }
@@ -371,7 +375,7 @@ async fn measure_floor(store: &PgStore, publisher: &RabbitPublisher) -> Floor {
     let handoff = plan::handoff(&pair_def, &chain_key(0));
     assert!(handoff.whole, "a chain's hop is handed on whole: {handoff:?}");
     let worker = WorkerId("bench-floor".to_owned());
-    let (mut finish, mut settling_pass, mut sweep_sql, mut publish_confirm, mut claim) =
+    let (mut finish, mut settling_pass, mut settle, mut publish_confirm, mut claim) =
         (vec![], vec![], vec![], vec![], vec![]);
     let ready = async |run: RunId| -> (TaskRunId, i64) {
         let detail = store.get_run(run).await.expect("get_run").expect("the run");
@@ -409,22 +413,33 @@ async fn measure_floor(store: &PgStore, publisher: &RabbitPublisher) -> Floor {
             .await
             .expect("claim")
             .expect("ready");
-        // The hop's finish hands the dependent on, as a worker's does
-        // (docs/design/scheduler.md#handoff): no pass on the path.
+        // The hop's finish hands the dependent on and holds its dispatch,
+        // which it publishes right after the commit, as a worker's does
+        // (docs/design/scheduler.md#handoff,
+        // docs/design/outbox-and-queues.md#publish-after-commit): no pass
+        // and no sweep on the path.
         let t = Instant::now();
-        let r = store
+        let finished = store
             .finish_and_hand_off(
                 root,
                 c.token,
                 &worker,
                 TaskOutcome::Succeeded { output: json!({}) },
                 &handoff,
+                Some(DEFAULT_HOLD),
             )
             .await
             .expect("finish");
         let finish_t = t.elapsed();
-        assert_eq!(r, FinishResult::Recorded(TaskRunState::Succeeded));
-        let (sql_t, publish_t) = sweep(run).await;
+        assert_eq!(finished.result, FinishResult::Recorded(TaskRunState::Succeeded));
+        let t = Instant::now();
+        let results = publisher.publish(&finished.held).await;
+        let publish_t = t.elapsed();
+        assert!(results.iter().all(Result::is_ok), "publish failed: {results:?}");
+        let ids: Vec<DispatchId> = finished.held.iter().map(|d| d.dispatch_id).collect();
+        let t = Instant::now();
+        store.settle_held(&ids, &[]).await.expect("settle_held");
+        let settle_t = t.elapsed();
         let (child, token) = ready(run).await;
         let t = Instant::now();
         let c = store
@@ -444,7 +459,7 @@ async fn measure_floor(store: &PgStore, publisher: &RabbitPublisher) -> Floor {
         if i >= 10 {
             finish.push(ms(finish_t));
             settling_pass.push(ms(pass_t));
-            sweep_sql.push(ms(sql_t));
+            settle.push(ms(settle_t));
             publish_confirm.push(ms(publish_t));
             claim.push(ms(claim_t));
         }
@@ -452,23 +467,23 @@ async fn measure_floor(store: &PgStore, publisher: &RabbitPublisher) -> Floor {
     Floor {
         finish: median(&finish),
         settling_pass: median(&settling_pass),
-        sweep_sql: median(&sweep_sql),
+        settle: median(&settle),
         publish_confirm: median(&publish_confirm),
         claim: median(&claim),
     }
 }
 
 fn hop_floor_value(floor: &Floor, pgbench_latency_ms: f64, confirm_ms: f64, hop_p50: Option<f64>) -> Value {
-    let sum = floor.finish + floor.sweep_sql + floor.publish_confirm + floor.claim;
+    let sum = floor.finish + floor.publish_confirm + floor.claim;
     // The hop is measured from the finish statement's start to the claim
     // statement's start: the claim's own commit lies outside it.
     let within = sum - floor.claim;
-    let physical = 3.0 * pgbench_latency_ms + confirm_ms;
+    let physical = 2.0 * pgbench_latency_ms + confirm_ms;
     let mut value = json!({
         "scenario": "hop_floor",
         "finish_commit_ms": round(floor.finish, 3),
         "settling_pass_ms": round(floor.settling_pass, 3),
-        "sweep_commit_ms": round(floor.sweep_sql, 3),
+        "settle_commit_ms": round(floor.settle, 3),
         "publish_confirm_ms": round(floor.publish_confirm, 3),
         "claim_commit_ms": round(floor.claim, 3),
         "floor_ms": round(sum, 3),
@@ -478,26 +493,25 @@ fn hop_floor_value(floor: &Floor, pgbench_latency_ms: f64, confirm_ms: f64, hop_
     let mut notes = format!(
         "Each step of a hop's path measured alone, in sequence, {FLOOR_SAMPLES} times with nothing else driving \
          those runs, before the processes start and after they stop (the lower of the two medians, ms): \
-         finish_and_hand_off {:.3} (the success, the dependent made ready with its event and outbox row, the commit \
-         and the NOTIFY to the publisher), the outbox sweep's SQL and commit {:.3}, the publish + confirm of its \
-         one dispatch {:.3}, claim_task_run {:.3}. Sum: {sum:.3} ms ({within:.3} ms without the claim, whose \
-         statement starts the measured hop's end). Off the path, the pass that settles the run after its last \
-         task: {:.3} ms. The bare physical floor, 3 single-row commits (pgbench 1-client latency \
-         {pgbench_latency_ms:.3} ms each) + 1 confirm ({confirm_ms:.3} ms): {physical:.3} ms.",
-        floor.finish, floor.sweep_sql, floor.publish_confirm, floor.claim, floor.settling_pass
+         finish_and_hand_off {:.3} (the success, the dependent made ready with its event and its outbox row held, \
+         the commit), the publish + confirm of its one dispatch right after the commit {:.3}, claim_task_run \
+         {:.3}. Sum: {sum:.3} ms ({within:.3} ms without the claim, whose statement starts the measured hop's \
+         end). Off the path: settle_held, which marks the dispatch published, {:.3} ms, and the pass that settles \
+         the run after its last task, {:.3} ms. The bare physical floor, 2 single-row commits (pgbench 1-client \
+         latency {pgbench_latency_ms:.3} ms each) + 1 confirm ({confirm_ms:.3} ms): {physical:.3} ms.",
+        floor.finish, floor.publish_confirm, floor.claim, floor.settle, floor.settling_pass
     );
     if let Some(p50) = hop_p50 {
         value["hop_ms_p50"] = json!(round(p50, 3));
         value["ratio"] = json!(round(p50 / sum, 3));
         let tail = if p50 >= within {
             format!(
-                "the other {:.3} ms are the wake-ups (NOTIFY → LISTEN → loop), the loops' own queries and the \
-                 broker's delivery",
+                "the other {:.3} ms are the worker's hand-over to its publishing task, the window's room check and \
+                 the broker's delivery",
                 p50 - within
             )
         } else {
-            "below the floor within the hop: the components were measured at other moments of a noisy machine, and \
-             each includes its NOTIFY round trip after the commit, which the next process does not wait for"
+            "below the floor within the hop: the components were measured at other moments of a noisy machine"
                 .to_owned()
         };
         notes.push_str(&format!(
@@ -652,7 +666,7 @@ async fn main() {
     let floor = Floor {
         finish: floor_before.finish.min(after.finish),
         settling_pass: floor_before.settling_pass.min(after.settling_pass),
-        sweep_sql: floor_before.sweep_sql.min(after.sweep_sql),
+        settle: floor_before.settle.min(after.settle),
         publish_confirm: floor_before.publish_confirm.min(after.publish_confirm),
         claim: floor_before.claim.min(after.claim),
     };

@@ -47,6 +47,7 @@ use serde_json::Value;
 mod worker;
 pub use flowforge_adapters_http::task::{HTTP_TASK_TYPE, HttpTask, HttpTaskOptions};
 pub use flowforge_adapters_postgres::PgOptions;
+pub use flowforge_adapters_rabbit::DispatchWindow;
 pub use flowforge_ports::handler::Pulse;
 pub use worker::{RunningWorker, Worker, WorkerBuilder, WorkerError};
 

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flowforge_adapters_postgres::{PgOptions, PgStore};
-use flowforge_adapters_rabbit::{RabbitConfig, RabbitQueue};
+use flowforge_adapters_rabbit::{DispatchWindow, RabbitConfig, RabbitPublisher, RabbitQueue};
+use flowforge_app::after_commit::{self, AfterCommit, DEFAULT_HOLD};
 use flowforge_app::cache::DefinitionCache;
 use flowforge_app::observers::Observers;
 use flowforge_app::process::run_registered;
@@ -19,6 +20,7 @@ use flowforge_domain::limits::Limits;
 use flowforge_ports::store::WorkerRegistration;
 use flowforge_ports::{Handler, HandlerError, Observer, SystemClock, TaskContext, WorkerId};
 use serde_json::Value;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// Why a distributed worker could not be built or stopped with an error.
@@ -56,6 +58,7 @@ impl Worker {
             limits: Limits::default(),
             id: None,
             pg: PgOptions::default(),
+            window: DispatchWindow::default(),
         }
     }
 }
@@ -74,6 +77,7 @@ pub struct WorkerBuilder {
     limits: Limits,
     id: Option<WorkerId>,
     pg: PgOptions,
+    window: DispatchWindow,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -137,6 +141,15 @@ impl WorkerBuilder {
         self
     }
 
+    /// The queue's dispatch window, which what this worker publishes right
+    /// after its commits keeps to: set it as the publisher's
+    /// (`--dispatch-window`; default one per consumer;
+    /// docs/design/outbox-and-queues.md#publish-after-commit).
+    pub fn dispatch_window(mut self, window: DispatchWindow) -> Self {
+        self.window = window;
+        self
+    }
+
     /// The PostgreSQL pool's settings.
     pub fn pg_options(mut self, options: PgOptions) -> Self {
         self.pg = options;
@@ -195,6 +208,8 @@ impl WorkerBuilder {
             rabbit.queue = queue;
         }
         let max_task_timeout = rabbit.max_task_timeout();
+        rabbit.dispatch_window = self.window;
+        let publisher = RabbitPublisher::new(rabbit.clone()).map_err(|e| WorkerError::Broker(e.to_string()))?;
         let queue = RabbitQueue::new(rabbit).map_err(|e| WorkerError::Broker(e.to_string()))?;
         let store = PgStore::connect(&database, Arc::new(SystemClock), self.pg)
             .await
@@ -217,6 +232,8 @@ impl WorkerBuilder {
         config.stop_grace = self.stop_grace;
         config.limits = self.limits;
         config.max_task_timeout = Some(max_task_timeout);
+        let (after_commit, publishing) = AfterCommit::start(store.clone(), publisher, DEFAULT_HOLD);
+        config.after_commit = Some(after_commit);
         let registration = WorkerRegistration {
             id,
             host,
@@ -240,6 +257,7 @@ impl WorkerBuilder {
             worker: Arc::new(worker),
             store,
             registration,
+            publishing,
         })
     }
 }
@@ -250,6 +268,9 @@ pub struct RunningWorker {
     worker: Arc<EngineWorker<PgStore, RabbitQueue>>,
     store: PgStore,
     registration: WorkerRegistration,
+    /// Publishes what the worker's successes made ready right after their
+    /// commits (docs/design/outbox-and-queues.md#publish-after-commit).
+    publishing: JoinHandle<()>,
 }
 
 impl RunningWorker {
@@ -276,6 +297,7 @@ impl RunningWorker {
         let every = self.worker.config().lease / 3;
         let result = run_registered(self.worker, self.store, self.registration, every, token).await;
         watcher.abort();
+        after_commit::flush(self.publishing).await;
         Ok(result?)
     }
 }

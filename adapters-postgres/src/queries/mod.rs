@@ -46,21 +46,25 @@ macro_rules! reset_set {
 /// fencing_token, priority, map_of), each with its task type from workflow
 /// `$workflow` (a parameter or a subquery), looked up per row: see
 /// [`LOWER_AND_PROMOTE`] on why a wide batch's plan is pinned to index
-/// probes. Returns their ids.
+/// probes; held from the sweep until `$sweep_after` (NULL: not held,
+/// docs/design/outbox-and-queues.md#publish-after-commit). Returns what a
+/// dispatch carries.
 macro_rules! dispatch_moved {
-    ($workflow:literal) => {
+    ($workflow:literal, $sweep_after:literal) => {
         concat!(
-            "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority)
+            "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority, sweep_after)
     SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
             now!(),
-            ", m.priority
+            ", m.priority, ",
+            $sweep_after,
+            "
     FROM moved AS m
     CROSS JOIN LATERAL (SELECT task_type FROM task WHERE workflow_id = ",
             $workflow,
             " AND key = COALESCE(m.map_of, m.task_key) LIMIT 1) AS t
     ORDER BY m.id
     ON CONFLICT ON CONSTRAINT uniq_outbox_taskrun_token DO NOTHING
-    RETURNING id"
+    RETURNING id, task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority"
         )
     };
 }
@@ -85,7 +89,7 @@ macro_rules! made_ready {
             ", NULL FROM moved ORDER BY id
 ), dispatched AS (
     ",
-            dispatch_moved!("$3"),
+            dispatch_moved!("$3", "NULL"),
             "
 )"
         )

@@ -236,9 +236,14 @@ SELECT (SELECT count(*) FROM done) > 0 AS recorded, ",
 /// request's pass looked for waiting tasks. A pass's `FOR NO KEY UPDATE`
 /// does not conflict with it. The success is flagged for a pass unless `$8` (the handoff is
 /// whole) and every named dependent moved; a flag already set (a first
-/// claim's) stays. `$1` offset, `$2` id, `$3`
-/// token, `$4` worker, `$5` output (JSON text), `$6` the most stale-write
-/// audits one task run keeps, `$7` the dependents, `$8` whole.
+/// claim's) stays. With a hold (`$9` microseconds), the outbox rows are
+/// held from the sweep that long and returned as `held`, a JSON array, with
+/// `queued`, whether other rows wait for the sweep, and the publisher is not
+/// woken
+/// (docs/design/outbox-and-queues.md#publish-after-commit). `$1` offset,
+/// `$2` id, `$3` token, `$4` worker, `$5` output (JSON text), `$6` the most
+/// stale-write audits one task run keeps, `$7` the dependents, `$8` whole,
+/// `$9` the hold or NULL.
 pub const FINISH_HANDOFF: &str = concat!(
     "WITH mine AS MATERIALIZED (
     SELECT tr.id, tr.run_id, wr.workflow_id, wr.cancel_requested_at IS NULL AS open
@@ -275,7 +280,10 @@ pub const FINISH_HANDOFF: &str = concat!(
     ORDER BY e.o, e.id
 ), dispatched AS (
     ",
-    dispatch_moved!("(SELECT workflow_id FROM mine)"),
+    dispatch_moved!(
+        "(SELECT workflow_id FROM mine)",
+        "CASE WHEN $9::float8 IS NOT NULL THEN (statement_timestamp() + $1::interval) + $9::float8 * interval '1 microsecond' END"
+    ),
     "
 ), stale AS (
     ",
@@ -291,9 +299,16 @@ pub const FINISH_HANDOFF: &str = concat!(
            WHERE e.task_run_id = $2 AND e.transition = 'stale_write_rejected') < $6
 )
 SELECT (SELECT count(*) FROM done) > 0 AS recorded,
-       EXISTS (SELECT 1 FROM done WHERE needs_pass) AS woke_scheduler, ",
-    any_row!("dispatched"),
-    " AS woke_publisher"
+       EXISTS (SELECT 1 FROM done WHERE needs_pass) AS woke_scheduler,
+       $9::float8 IS NULL AND EXISTS (SELECT 1 FROM dispatched) AS woke_publisher,
+       CASE WHEN $9::float8 IS NOT NULL THEN
+           (SELECT json_agg(json_build_object('id', id, 'task_run_id', task_run_id, 'run_id', run_id,
+                   'task_key', task_key, 'task_type', task_type, 'fencing_token', fencing_token,
+                   'created_at', created_at, 'priority', priority) ORDER BY id)::text
+            FROM dispatched)
+       END AS held,
+       $9::float8 IS NOT NULL AND EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND sweep_after IS NULL)
+           AS queued"
 );
 
 /// finish_task_run, a failure with attempts left: `schedule_retry` in the

@@ -118,8 +118,14 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
         ],
     );
 
-    let p = plan(&pool, queries::SWEEP, |q| q.bind(100_i64).bind(none()).bind(300e6_f64)).await;
+    let p = plan(&pool, queries::SWEEP, |q| {
+        q.bind(100_i64).bind(none()).bind(300e6_f64).bind(zero)
+    })
+    .await;
     assert_uses("outbox sweep", &p, &[&["outbox_pending_order_idx"]]);
+
+    let p = plan(&pool, queries::HELD_FOR, |q| q.bind(zero).bind(none())).await;
+    assert_uses("held_for", &p, &[&["outbox_held_idx"]]);
 
     let p = plan(&pool, queries::BEGIN_PASS_TAKING_FLAGS, |q| q.bind(live.0).bind(zero)).await;
     assert_uses(

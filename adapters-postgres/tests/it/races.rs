@@ -592,8 +592,16 @@ async fn a_handoff_waits_for_a_cancel_request_in_flight_and_then_hands_on_nothin
         };
         tokio::spawn(async move {
             store
-                .finish_and_hand_off(claim.task_run_id, claim.token, &worker("w"), succeeded("w"), &handoff)
+                .finish_and_hand_off(
+                    claim.task_run_id,
+                    claim.token,
+                    &worker("w"),
+                    succeeded("w"),
+                    &handoff,
+                    None,
+                )
                 .await
+                .map(|finished| finished.result)
         })
     };
     until_a_backend_waits_on_a_lock(&raw).await;

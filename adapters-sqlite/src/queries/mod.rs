@@ -194,6 +194,7 @@ pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
         ("release slots", RELEASE_SLOTS),
         ("commit restoring", COMMIT_RESTORING),
         ("mark published", MARK_PUBLISHED),
+        ("settle held", SETTLE_HELD),
         ("register worker", REGISTER_WORKER),
         ("touch worker", TOUCH_WORKER),
         ("deregister worker", DEREGISTER_WORKER),

@@ -95,15 +95,21 @@ macro_rules! batch_events {
 /// (docs/design/outbox-and-queues.md#one-outbox-row-per-readiness).
 macro_rules! batch_dispatch {
     ($where:expr) => {
+        batch_dispatch!($where, "NULL", "")
+    };
+    ($where:expr, $sweep_after:expr, $returning:expr) => {
         concat!(
-            "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority) \
-             SELECT id, run_id, task_key, ",
+            "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority, \
+             sweep_after) SELECT id, run_id, task_key, ",
             task_type_of!("task_run"),
             ", fencing_token, ",
             now!(),
-            ", priority FROM task_run WHERE ",
+            ", priority, ",
+            $sweep_after,
+            " FROM task_run WHERE ",
             $where,
-            " ORDER BY id"
+            " ORDER BY id",
+            $returning
         )
     };
 }
@@ -176,8 +182,12 @@ pub(crate) const SATISFY: &str = concat!(
 /// at a counter of one in a run not cancel-requested goes to zero, then
 /// takes the pass's promotion (events, outbox rows, ready); the success
 /// is flagged unless the handoff is whole and every named dependent moved
-/// (`changes()` of the promotion). `?2` run, `?3` the dependents (a
-/// JSON array), `?4` the finished task run, `?5` whole.
+/// (`changes()` of the promotion). With a hold (`?6` milliseconds) the
+/// outbox rows are held from the sweep that long and returned, tagged 4,
+/// with whether other rows wait for the sweep, tagged 5
+/// (docs/design/outbox-and-queues.md#publish-after-commit). `?2` run, `?3`
+/// the dependents (a JSON array), `?4` the finished task run, `?5` whole,
+/// `?6` the hold or NULL.
 pub(crate) const HAND_OFF: &str = concat!(
     "UPDATE task_run SET pending_deps = 0 \
      WHERE run_id = ?2 AND task_key IN (SELECT value FROM json_each(?3)) \
@@ -186,10 +196,15 @@ pub(crate) const HAND_OFF: &str = concat!(
      AND (SELECT cancel_requested_at FROM workflow_run WHERE id = ?2) IS NULL; ",
     batch_events!("dependencies_satisfied", "pending", "ready", promotable!()),
     "; ",
-    batch_dispatch!(promotable!()),
+    batch_dispatch!(
+        promotable!(),
+        concat!("CASE WHEN ?6 IS NOT NULL THEN ", now!(), " + ?6 END"),
+        " RETURNING 4 AS tag, id, task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority"
+    ),
     "; ",
     promote_ready!(),
     "; UPDATE task_run SET needs_pass = 1 WHERE id = ?4 AND NOT (?5 AND changes() = json_array_length(?3)); \
+     SELECT 5 AS tag, EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND sweep_after IS NULL) WHERE ?6 IS NOT NULL; \
      COMMIT"
 );
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use flowforge::{BuiltinOptions, HTTP_TASK_TYPE, HandlerRegistry, HttpTask, HttpTaskOptions, Service};
 use flowforge_adapters_rabbit::{DispatchWindow, RabbitConfig, RabbitPublisher, RabbitQueue};
+use flowforge_app::after_commit::{self, AfterCommit, DEFAULT_HOLD};
 use flowforge_app::cache::DefinitionCache;
 use flowforge_app::process::run_registered;
 use flowforge_app::publisher::{OutboxPublisher, PublisherConfig};
@@ -88,9 +89,9 @@ pub(crate) struct SchedulerArgs {
     pub(crate) metrics: MetricsArgs,
 }
 
-/// Arguments of `flowforge publisher`.
+/// The dispatch window, which the publisher and the workers keep to alike.
 #[derive(Debug, clap::Args)]
-pub(crate) struct PublisherArgs {
+pub(crate) struct WindowArgs {
     /// How many ready messages to keep in the queue: `consumers` (one per
     /// consumer on it), a number, or `unbounded`. The rest wait in the
     /// outbox, which is published highest priority first
@@ -102,6 +103,13 @@ pub(crate) struct PublisherArgs {
         value_name = "consumers|N|unbounded"
     )]
     pub(crate) dispatch_window: DispatchWindow,
+}
+
+/// Arguments of `flowforge publisher`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PublisherArgs {
+    #[command(flatten)]
+    pub(crate) window: WindowArgs,
     /// Publish again, every half of this, the dispatches published this
     /// many seconds ago whose task is still waiting: a queue deleted or
     /// purged lost them. With a window only (duplicates stay within it);
@@ -127,6 +135,11 @@ pub(crate) struct WorkerArgs {
     /// default: a worker runs only what its operator allows.
     #[arg(long)]
     pub(crate) allow_command: bool,
+    /// The window the dispatches this worker publishes right after its
+    /// commits keep to (docs/design/outbox-and-queues.md#publish-after-commit):
+    /// the publisher's.
+    #[command(flatten)]
+    pub(crate) window: WindowArgs,
     #[command(flatten)]
     pub(crate) http: HttpArgs,
     #[command(flatten)]
@@ -192,7 +205,7 @@ pub(crate) async fn publisher(global: &Global, args: &PublisherArgs) -> anyhow::
     let shutdown = shutdown_on_signal();
     args.metrics.expose(&shutdown).await?;
     let mut config = rabbit(global);
-    config.dispatch_window = args.dispatch_window;
+    config.dispatch_window = args.window.dispatch_window;
     let queue = match RabbitPublisher::new(config) {
         Ok(q) => q,
         Err(e) => {
@@ -201,7 +214,7 @@ pub(crate) async fn publisher(global: &Global, args: &PublisherArgs) -> anyhow::
         }
     };
     with_store!(global, |store| {
-        let windowed = args.dispatch_window != DispatchWindow::Unbounded;
+        let windowed = args.window.dispatch_window != DispatchWindow::Unbounded;
         let config = PublisherConfig {
             aging: global.priority_aging(),
             redispatch_after: (windowed && args.redispatch_after_seconds > 0)
@@ -218,16 +231,18 @@ pub(crate) async fn publisher(global: &Global, args: &PublisherArgs) -> anyhow::
 pub(crate) async fn worker(global: &Global, args: &WorkerArgs) -> anyhow::Result<Exit> {
     let config = rabbit(global);
     let max_task_timeout = config.max_task_timeout();
-    let queue = match RabbitQueue::new(config) {
-        Ok(q) => q,
-        Err(e) => {
+    let mut publishing = config.clone();
+    publishing.dispatch_window = args.window.dispatch_window;
+    let (queue, publisher) = match (RabbitQueue::new(config), RabbitPublisher::new(publishing)) {
+        (Ok(q), Ok(p)) => (q, p),
+        (Err(e), _) | (_, Err(e)) => {
             eprintln!("error: {e}");
             return Ok(Exit::Invalid);
         }
     };
     with_store!(global, |store| serve_worker(
         store,
-        queue,
+        (queue, publisher),
         global,
         args,
         max_task_timeout
@@ -237,7 +252,7 @@ pub(crate) async fn worker(global: &Global, args: &WorkerArgs) -> anyhow::Result
 
 async fn serve_worker<S: Store>(
     store: S,
-    queue: RabbitQueue,
+    (queue, publisher): (RabbitQueue, RabbitPublisher),
     global: &Global,
     args: &WorkerArgs,
     max_task_timeout: Duration,
@@ -265,6 +280,8 @@ async fn serve_worker<S: Store>(
     config.lease = global.lease();
     config.limits = global.limits();
     config.max_task_timeout = Some(max_task_timeout);
+    let (after_commit, publishing) = AfterCommit::start(store.clone(), publisher, DEFAULT_HOLD);
+    config.after_commit = Some(after_commit);
     let registration = WorkerRegistration {
         id,
         host: host(),
@@ -284,7 +301,7 @@ async fn serve_worker<S: Store>(
     let every = global.lease() / 3;
     let shutdown = shutdown_on_signal();
     args.metrics.expose(&shutdown).await?;
-    Ok(finished(
-        run_registered(worker, store, registration, every, shutdown).await,
-    ))
+    let result = run_registered(worker, store, registration, every, shutdown).await;
+    after_commit::flush(publishing).await;
+    Ok(finished(result))
 }

@@ -7,7 +7,7 @@ use flowforge_domain::plan::Handoff;
 use flowforge_domain::{RunTransition, TaskRunState};
 use serde_json::json;
 
-use crate::store::{FinishResult, RunPass, RunStore, Scope, TaskOutcome};
+use crate::store::{FinishResult, Finished, OutboxStore, RunPass, RunStore, Scope, TaskOutcome};
 
 use super::*;
 
@@ -20,9 +20,10 @@ fn naming(keys: &[&str], whole: bool) -> Handoff {
 }
 
 async fn hand_off<S: Store>(s: &S, c: &Claim, by: &str, outcome: TaskOutcome, handoff: &Handoff) -> FinishResult {
-    s.finish_and_hand_off(c.task_run_id, c.token, &worker(by), outcome, handoff)
+    s.finish_and_hand_off(c.task_run_id, c.token, &worker(by), outcome, handoff, None)
         .await
         .expect("finish_and_hand_off")
+        .result
 }
 
 /// Claims `a` of a fresh chain run and starts the run, as the pass after a
@@ -235,4 +236,129 @@ pub async fn a_handoff_leaves_what_else_holds_back_to_the_pass<F: StoreFactory>(
     let mut p = pass(&s, run).await;
     assert_eq!(p.take_flagged().await.expect("take_flagged").len(), 1);
     p.commit().await.expect("commit");
+}
+
+/// Hands `c`'s success on to `b` holding its dispatch for `hold`; returns
+/// what the store held.
+async fn hand_off_held<S: Store>(s: &S, c: &Claim, hold: Duration) -> Finished {
+    s.finish_and_hand_off(
+        c.task_run_id,
+        c.token,
+        &worker("w"),
+        succeeded(json!({})),
+        &naming(&["b"], true),
+        Some(hold),
+    )
+    .await
+    .expect("finish_and_hand_off")
+}
+
+/// A finish that holds its dispatches
+/// (docs/design/outbox-and-queues.md#publish-after-commit) returns them and
+/// keeps them from the sweep for the hold, and no longer: a committer that
+/// dies before publishing loses nothing. A stale one holds nothing.
+pub async fn held_dispatches_are_swept_once_their_hold_is_over<F: StoreFactory>(factory: &F) {
+    let (s, clock) = fresh(factory).await;
+    let hold = Duration::from_secs(60);
+    let (run, c) = running_chain(&s).await;
+    let finished = hand_off_held(&s, &c, hold).await;
+    assert_eq!(finished.result, FinishResult::Recorded(TaskRunState::Succeeded));
+    let b = view(&s, run, "b").await;
+    assert_eq!(b.state, TaskRunState::Ready);
+    let [held] = finished.held.as_slice() else {
+        panic!("b's dispatch is held: {:?}", finished.held);
+    };
+    assert_eq!(
+        (
+            held.task_run_id,
+            held.run_id,
+            held.task_key.as_str(),
+            held.fencing_token
+        ),
+        (b.id, run, "b", b.token)
+    );
+    assert_eq!(held.task_type, "echo");
+    assert!(dispatches_of(&s, run, "b").await.is_empty(), "held from the sweep");
+    let until = s
+        .held_for(Scope::Run(run))
+        .await
+        .expect("held_for")
+        .expect("one row is held");
+    assert!(until <= hold && until > Duration::ZERO, "{until:?}");
+    assert_eq!(
+        s.held_for(Scope::Run(RunId(uuid::Uuid::nil())))
+            .await
+            .expect("held_for"),
+        None
+    );
+
+    // Its committer never settled it: once the hold is over, it is due,
+    // and the sweep takes it.
+    clock.advance(hold + Duration::from_secs(1));
+    assert_eq!(
+        s.held_for(Scope::Run(run)).await.expect("held_for"),
+        Some(Duration::ZERO),
+        "due now"
+    );
+    let swept = dispatches_of(&s, run, "b").await;
+    assert_eq!(
+        swept.iter().map(|d| d.dispatch_id).collect::<Vec<_>>(),
+        [held.dispatch_id]
+    );
+
+    // A stale finish holds nothing; a finish without a hold returns none.
+    let (run, c) = running_chain(&s).await;
+    clock.advance(LONG + Duration::from_secs(1));
+    assert_eq!(s.reap_expired_leases(Scope::All, 10).await.expect("reap").len(), 1);
+    let stale = hand_off_held(&s, &c, hold).await;
+    assert_eq!((stale.result, stale.held.len()), (FinishResult::Stale, 0));
+    assert_eq!(view(&s, run, "b").await.state, TaskRunState::Pending);
+    let (_, c) = running_chain(&s).await;
+    let unheld = s
+        .finish_and_hand_off(
+            c.task_run_id,
+            c.token,
+            &worker("w"),
+            succeeded(json!({})),
+            &naming(&["b"], true),
+            None,
+        )
+        .await
+        .expect("finish_and_hand_off");
+    assert!(unheld.held.is_empty());
+}
+
+/// Settling held rows marks the published ones, which no sweep publishes
+/// again, and releases the others to the sweep at once, waking the
+/// publisher.
+pub async fn settling_held_dispatches_marks_or_releases_them<F: StoreFactory>(factory: &F) {
+    let (s, _) = fresh(factory).await;
+    let hold = Duration::from_secs(60);
+    let (published_run, c) = running_chain(&s).await;
+    let published = hand_off_held(&s, &c, hold).await.held;
+    let (released_run, c) = running_chain(&s).await;
+    let released = hand_off_held(&s, &c, hold).await.held;
+    assert_eq!((published.len(), released.len()), (1, 1));
+    let notifier = s.notifier().await.expect("notifier");
+    s.settle_held(&[published[0].dispatch_id], &[released[0].dispatch_id])
+        .await
+        .expect("settle_held");
+    assert!(woke(&notifier, Topic::Publisher).await, "a release wakes the publisher");
+    assert!(dispatches_of(&s, published_run, "b").await.is_empty(), "published");
+    assert_eq!(
+        dispatches_of(&s, released_run, "b")
+            .await
+            .iter()
+            .map(|d| d.dispatch_id)
+            .collect::<Vec<_>>(),
+        [released[0].dispatch_id],
+        "released to the sweep"
+    );
+    assert_eq!(s.held_for(Scope::All).await.expect("held_for"), None);
+    // Settling again changes nothing: a published row stays published.
+    s.settle_held(&[published[0].dispatch_id], &[published[0].dispatch_id])
+        .await
+        .expect("settle_held");
+    assert!(dispatches_of(&s, published_run, "b").await.is_empty());
+    s.settle_held(&[], &[]).await.expect("nothing to settle");
 }

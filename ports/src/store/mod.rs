@@ -20,10 +20,10 @@ pub use error::{
 pub use schedules::{Fire, FireCounts, FireStart, FireView, Fired, NewSchedule, ScheduleStore, ScheduleView};
 pub use tokens::{NewToken, TokenError, TokenStatus, TokenStore, TokenView};
 pub use values::{
-    Activity, CancelOutcome, Claim, DefinitionSummary, DependencyOutcomes, EventView, FinishResult, GateCheck, Gauges,
-    IdempotencyKey, KeyedStart, LeaseStatus, LockedRun, NewRun, PassTask, Published, Reaped, RunCursor, RunDetail,
-    RunQuery, RunSet, RunSummary, Scope, StartOptions, TaskInputs, TaskOutcome, TaskRunView, Wait, WorkerInfo,
-    WorkerRegistration, mark_blocked,
+    Activity, CancelOutcome, Claim, DefinitionSummary, DependencyOutcomes, EventView, FinishResult, Finished,
+    GateCheck, Gauges, IdempotencyKey, KeyedStart, LeaseStatus, LockedRun, NewRun, PassTask, Published, Reaped,
+    RunCursor, RunDetail, RunQuery, RunSet, RunSummary, Scope, StartOptions, TaskInputs, TaskOutcome, TaskRunView,
+    Wait, WorkerInfo, WorkerRegistration, mark_blocked,
 };
 
 use std::collections::BTreeSet;
@@ -294,7 +294,11 @@ pub trait RunStore: Send + Sync + 'static {
             dependents: Vec::new(),
             whole: false,
         };
-        self.finish_and_hand_off(id, token, worker, outcome, NOTHING)
+        async move {
+            self.finish_and_hand_off(id, token, worker, outcome, NOTHING, None)
+                .await
+                .map(|finished| finished.result)
+        }
     }
 
     /// [`RunStore::finish_task_run`] that hands a success on in its own
@@ -304,6 +308,15 @@ pub trait RunStore: Send + Sync + 'static {
     /// (after the success's) and its outbox row, and the publisher is
     /// woken. When `handoff.whole` and every one of them moved, the
     /// success is not flagged for a pass, which would find nothing to do.
+    ///
+    /// With `hold`, the caller publishes the dispatches itself right after
+    /// the commit (docs/design/outbox-and-queues.md#publish-after-commit):
+    /// their outbox rows are held from the sweep for `hold` of store time,
+    /// returned in [`Finished::held`] with whether other rows wait for the
+    /// sweep ([`Finished::queued`]), and the publisher is not woken;
+    /// the caller then settles them with [`OutboxStore::settle_held`]. A
+    /// caller that dies first loses nothing: once the hold is over, the
+    /// sweep publishes them.
     ///
     /// Contract: only a recorded success hands on; a stale or duplicate
     /// finish, a failure or a cancel promotes nothing. The rows and events
@@ -315,7 +328,8 @@ pub trait RunStore: Send + Sync + 'static {
         worker: &WorkerId,
         outcome: TaskOutcome,
         handoff: &Handoff,
-    ) -> impl Future<Output = Result<FinishResult, Error>> + Send;
+        hold: Option<Duration>,
+    ) -> impl Future<Output = Result<Finished, Error>> + Send;
 
     /// The generic path for edges without a lease or side data:
     /// `dependencies_satisfied` and `retry_ready` (each writes its outbox
@@ -624,6 +638,9 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// a concurrent sweeper skips them (`FOR UPDATE SKIP LOCKED` on
     /// PostgreSQL). `Ok(None)` when there are none.
     ///
+    /// Rows still held for their committer
+    /// ([`RunStore::finish_and_hand_off`] with a hold) are left out.
+    ///
     /// Contract: the rows are the first `limit` in dispatch order — by
     /// [`order_key`](flowforge_domain::priority::order_key) of their
     /// creation and priority with one level gained per `aging` of waiting,
@@ -644,6 +661,26 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// Publishing such a row again is always safe: a dispatch whose task
     /// run was claimed meanwhile claims nothing.
     fn rearm_lost_dispatches(&self, scope: Scope, age: Duration) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// Settles rows a committer held for itself
+    /// ([`RunStore::finish_and_hand_off`] with a hold): marks `published`
+    /// published and releases `released` to the sweep at once, waking the
+    /// publisher when it released any
+    /// (docs/design/outbox-and-queues.md#publish-after-commit). A row
+    /// already published stays as it is; marking one the sweep took after
+    /// its hold only records the publish twice.
+    fn settle_held(
+        &self,
+        published: &[DispatchId],
+        released: &[DispatchId],
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// How long, in store time, until the first row of `scope`'s runs held
+    /// for its committer and not yet published is released to the sweep
+    /// (zero when one already is); `None` when there is none. The publisher
+    /// sleeps no longer than this, so a row whose committer died is
+    /// published once its hold is over.
+    fn held_for(&self, scope: Scope) -> impl Future<Output = Result<Option<Duration>, Error>> + Send;
 }
 
 /// One outbox sweep. Dropping it without commit leaves every row unpublished.

@@ -200,6 +200,24 @@ pub enum FinishResult {
     Stale,
 }
 
+/// What [`RunStore::finish_and_hand_off`](crate::RunStore::finish_and_hand_off)
+/// stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    /// The outcome's fate.
+    pub result: FinishResult,
+    /// The dispatches of the dependents it made ready, held from the
+    /// outbox sweep for the caller to publish right after the commit
+    /// (docs/design/outbox-and-queues.md#publish-after-commit); empty unless
+    /// the caller asked to hold them.
+    pub held: Vec<crate::queue::Dispatch>,
+    /// Whether other rows were waiting for the sweep when it committed
+    /// (reported only with a hold): a caller keeping to the queue's window
+    /// then leaves its rows to the sweep, which publishes the backlog in
+    /// priority order (docs/design/priorities.md#the-broker-window).
+    pub queued: bool,
+}
+
 /// The result of a heartbeat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseStatus {

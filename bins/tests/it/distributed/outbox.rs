@@ -4,25 +4,32 @@
 //! unroutable one is an error and its row stays unpublished; while the broker
 //! is unreachable rows stay pending and are drained exactly once each when it
 //! is back; rows a crashed publisher never published are delivered by a fresh
-//! one; two publishers in parallel publish each row exactly once between them.
+//! one; two publishers in parallel publish each row exactly once between them;
+//! a worker's handoff is published right after its commit, and swept once its
+//! hold is over when the worker died first
+//! (docs/design/outbox-and-queues.md#publish-after-commit).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use flowforge_adapters_postgres::PgStore;
 use flowforge_adapters_rabbit::RabbitPublisher;
 use flowforge_app::Error;
+use flowforge_app::after_commit::AfterCommit;
 use flowforge_app::publisher::{OutboxPublisher, PublisherConfig, SweepReport};
+use flowforge_domain::plan::Handoff;
 use flowforge_ports::{
-    DefinitionStore, Dispatch, DispatchId, DispatchPublisher, OutboxStore, OutboxSweep, RunStore, Scope, queue,
+    Claim, DefinitionStore, Dispatch, DispatchId, DispatchPublisher, OutboxStore, OutboxSweep, RunStore, Scope,
+    TaskOutcome, WorkerId, queue,
 };
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Broker, TestDb, amqp_url_via, both_services, broker_address, eventually, independent_tasks, outbox,
-    outbox_publisher, within,
+    Broker, TestDb, amqp_url_via, both_services, broker_address, definition, detail, eventually, independent_tasks,
+    outbox, outbox_publisher, within,
 };
 use flowforge_testkit::{Mode, Proxy};
 
@@ -360,4 +367,131 @@ async fn two_publishers_in_parallel_publish_each_row_exactly_once() {
         "a dispatch delivered twice: {:?}",
         counts.iter().filter(|(_, n)| **n > 1).collect::<Vec<_>>()
     );
+}
+
+/// A chain a → b started, its start's rows published and drained, and a
+/// claimed: returns the run and a's claim.
+async fn chain_with_a_claimed(store: &PgStore, broker: &Broker, name: &str) -> (flowforge_ports::RunId, Claim) {
+    let published = store
+        .publish_definition(&definition(&json!({"name": name, "version": 1, "tasks": [
+            {"key": "a", "task_type": "noop"},
+            {"key": "b", "task_type": "noop", "depends_on": ["a"]}
+        ]})))
+        .await
+        .expect("publish the definition");
+    let run = store.start_run(published.id, json!({})).await.expect("start a run");
+    outbox_publisher(store.clone(), broker)
+        .publish_once()
+        .await
+        .expect("the start's sweep");
+    broker.drain_dispatches().await;
+    let a = detail(store, run)
+        .await
+        .tasks
+        .into_iter()
+        .find(|t| t.key == "a")
+        .expect("a");
+    let claim = store
+        .claim_task_run(a.id, a.token, &WorkerId("w".into()), Duration::from_secs(300))
+        .await
+        .expect("claim")
+        .expect("a is ready");
+    (run, claim)
+}
+
+/// a's success handing b on, b's outbox row held for `hold`.
+async fn hand_b_on(store: &PgStore, a: &Claim, hold: Duration) -> Vec<Dispatch> {
+    let finished = store
+        .finish_and_hand_off(
+            a.task_run_id,
+            a.token,
+            &WorkerId("w".into()),
+            TaskOutcome::Succeeded { output: json!({}) },
+            &Handoff {
+                dependents: vec!["b".into()],
+                whole: true,
+            },
+            Some(hold),
+        )
+        .await
+        .expect("finish_and_hand_off");
+    assert_eq!(finished.held.len(), 1, "b's dispatch is held");
+    finished.held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_is_published_right_after_its_commit_and_marked() {
+    let Some((_db, broker, store)) = setup("aftercommit").await else {
+        return;
+    };
+    broker.declared_queue().await;
+    let (_, a) = chain_with_a_claimed(&store, &broker, "after-commit").await;
+    let held = hand_b_on(&store, &a, Duration::from_secs(3600)).await;
+    let sweeper = outbox_publisher(store.clone(), &broker);
+    assert_eq!(
+        sweeper.publish_once().await.expect("a sweep").published,
+        0,
+        "the sweep leaves a held row to its committer"
+    );
+
+    let (after_commit, publishing) = AfterCommit::start(
+        store.clone(),
+        RabbitPublisher::new(broker.config()).expect("a valid config"),
+        Duration::from_secs(3600),
+    );
+    after_commit.hand(held.clone(), false);
+    drop(after_commit);
+    within("the after-commit publisher", publishing)
+        .await
+        .expect("it ends once its handles are gone");
+    assert_eq!(broker.drain_dispatches().await, held, "published as stored");
+    let b = outbox(&store)
+        .await
+        .into_iter()
+        .find(|r| r.dispatch.task_key == "b")
+        .expect("b's row");
+    assert!(b.published, "and marked published");
+    assert_eq!(store.held_for(Scope::All).await.expect("held_for"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_whose_worker_died_before_publishing_is_swept_once_its_hold_is_over() {
+    let Some((_db, broker, store)) = setup("afterdeath").await else {
+        return;
+    };
+    broker.declared_queue().await;
+    let (_, a) = chain_with_a_claimed(&store, &broker, "after-death").await;
+    // The worker commits, then dies before it publishes.
+    let held = hand_b_on(&store, &a, Duration::from_secs(1)).await;
+
+    // A publisher whose only wake-up is the hold's end: no notification
+    // comes for a held row, and its safety net is an hour away.
+    let publisher = OutboxPublisher::new(
+        store.clone(),
+        RabbitPublisher::new(broker.config()).expect("a valid config"),
+        PublisherConfig {
+            safety_net: Duration::from_secs(3600),
+            ..PublisherConfig::default()
+        },
+    );
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { publisher.run(shutdown).await }
+    });
+    let delivered = eventually("b's dispatch, swept once its hold is over", || {
+        let broker = &broker;
+        async move {
+            let got = broker.drain_dispatches().await;
+            (!got.is_empty()).then_some(got)
+        }
+    })
+    .await;
+    assert_eq!(delivered, held, "delivered once, as stored");
+    shutdown.cancel();
+    within("the publisher stops", running)
+        .await
+        .expect("joins")
+        .expect("stops cleanly");
+    assert!(outbox(&store).await.iter().all(|r| r.published));
 }
