@@ -76,15 +76,11 @@ impl AfterCommit {
         (Self { sender, hold }, tokio::spawn(forwarder.run()))
     }
 
-    /// How long a finish holds its dispatches from the sweep.
-    pub fn hold(&self) -> Duration {
-        self.hold
-    }
-
-    /// Whether a finish handing on `handoff` holds its dispatches for this
-    /// publisher: unless it is wider than [`MOST_HELD`].
-    pub fn takes(&self, handoff: &Handoff) -> bool {
-        handoff.dependents.len() <= MOST_HELD
+    /// How long a finish handing on `handoff` holds its dispatches from
+    /// the sweep for this publisher; `None` when it leaves them to the
+    /// sweep, as a handoff wider than [`MOST_HELD`] does.
+    pub fn hold_for(&self, handoff: &Handoff) -> Option<Duration> {
+        (handoff.dependents.len() <= MOST_HELD).then_some(self.hold)
     }
 
     /// Hands over dispatches just committed, with whether other rows were

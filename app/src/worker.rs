@@ -424,7 +424,8 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
     /// the lease has been reaped, the finish is `Stale`.
     async fn finish(&self, claim: &Claim, outcome: TaskOutcome) -> Result<FinishResult, store::Error> {
         let handoff = self.handoff(claim, &outcome).await;
-        let after_commit = self.config.after_commit.as_ref().filter(|a| a.takes(&handoff));
+        let after_commit = self.config.after_commit.as_ref();
+        let hold = after_commit.and_then(|a| a.hold_for(&handoff));
         let started = Instant::now();
         let mut pause = FINISH_RETRY_FIRST_PAUSE;
         loop {
@@ -436,7 +437,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                     &self.config.id,
                     outcome.clone(),
                     &handoff,
-                    after_commit.map(AfterCommit::hold),
+                    hold,
                 )
                 .await
             {
@@ -446,6 +447,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                     pause = (pause * 2).min(FINISH_RETRY_MAX_PAUSE);
                 }
                 Ok(finished) => {
+                    // Rows come back held only when a hold was asked for.
                     if let Some(after_commit) = after_commit
                         && !finished.held.is_empty()
                     {

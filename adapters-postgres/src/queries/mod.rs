@@ -50,7 +50,7 @@ macro_rules! reset_set {
 /// docs/design/outbox-and-queues.md#publish-after-commit). Returns what a
 /// dispatch carries.
 macro_rules! dispatch_moved {
-    ($workflow:literal, $sweep_after:literal) => {
+    ($workflow:literal, $sweep_after:expr) => {
         concat!(
             "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority, sweep_after)
     SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",

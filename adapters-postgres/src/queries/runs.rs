@@ -282,7 +282,11 @@ pub const FINISH_HANDOFF: &str = concat!(
     ",
     dispatch_moved!(
         "(SELECT workflow_id FROM mine)",
-        "CASE WHEN $9::float8 IS NOT NULL THEN (statement_timestamp() + $1::interval) + $9::float8 * interval '1 microsecond' END"
+        concat!(
+            "CASE WHEN $9::float8 IS NOT NULL THEN ",
+            now!(),
+            " + $9::float8 * interval '1 microsecond' END"
+        )
     ),
     "
 ), stale AS (

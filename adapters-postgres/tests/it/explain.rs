@@ -125,7 +125,9 @@ async fn hot_queries_use_the_partial_indexes_over_a_large_history() {
     assert_uses("outbox sweep", &p, &[&["outbox_pending_order_idx"]]);
 
     let p = plan(&pool, queries::HELD_FOR, |q| q.bind(zero).bind(none())).await;
-    assert_uses("held_for", &p, &[&["outbox_held_idx"]]);
+    // Either partial index holds unpublished rows only: the planner picks
+    // whichever it costs lower while both are nearly empty.
+    assert_uses("held_for", &p, &[&["outbox_held_idx", "outbox_pending_order_idx"]]);
 
     let p = plan(&pool, queries::BEGIN_PASS_TAKING_FLAGS, |q| q.bind(live.0).bind(zero)).await;
     assert_uses(
