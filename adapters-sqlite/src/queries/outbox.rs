@@ -7,12 +7,15 @@
 /// orders them again by the same key. A row still held for its committer
 /// (docs/design/outbox-and-queues.md#publish-after-commit) is passed over:
 /// `?5` is the clock offset.
-pub(crate) const SWEEP: &str = "SELECT id, task_run_id, run_id, task_key, task_type, fencing_token, created_at, \
+pub(crate) const SWEEP: &str = concat!(
+    "SELECT id, task_run_id, run_id, task_key, task_type, fencing_token, created_at, \
              priority FROM outbox \
              WHERE published_at IS NULL AND (?1 IS NULL OR run_id IN (SELECT value FROM json_each(?1))) \
              AND id NOT IN (SELECT value FROM json_each(?2)) \
              AND (sweep_after IS NULL OR sweep_after <= CAST(round(unixepoch('subsec') * 1000) AS INTEGER) + ?5) \
-             ORDER BY created_at - priority * ?4, id LIMIT ?3";
+             ORDER BY created_at - priority * ?4, id",
+    limit!("?3")
+);
 
 /// sweep commit: the marks, in one call. `?2` the rows.
 pub(crate) const MARK_PUBLISHED: &str = concat!(

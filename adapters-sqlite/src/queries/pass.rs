@@ -321,16 +321,19 @@ pub(crate) const EXPAND_MAP: &str = concat!(
 /// (`taskrun_map_children_idx`): its size, the children succeeded and
 /// active, the lowest-index one failed (`[index, error]`), and up to `?3`
 /// held-back ones, lowest index first (a JSON array).
-pub(crate) const MAP_CHILDREN: &str = "\
-SELECT (SELECT map_size FROM task_run WHERE run_id = ?1 AND task_key = ?2),
+pub(crate) const MAP_CHILDREN: &str = concat!(
+    "SELECT (SELECT map_size FROM task_run WHERE run_id = ?1 AND task_key = ?2),
        count(*) FILTER (WHERE state = 'succeeded'),
        count(*) FILTER (WHERE state IN ('ready', 'running', 'retrying')),
        (SELECT json_array(map_index, error) FROM task_run
         WHERE run_id = ?1 AND map_of = ?2 AND state = 'failed' ORDER BY map_index LIMIT 1),
        (SELECT json_group_array(map_index) FROM (
            SELECT map_index FROM task_run WHERE run_id = ?1 AND map_of = ?2 AND state = 'pending'
-           ORDER BY map_index LIMIT ?3))
-FROM task_run WHERE run_id = ?1 AND map_of = ?2";
+           ORDER BY map_index",
+    limit!("?3"),
+    "))
+FROM task_run WHERE run_id = ?1 AND map_of = ?2"
+);
 
 /// The expanded mapped task `?3` of run `?2`, still pending, every child
 /// of which succeeded (`taskrun_map_children_idx`).

@@ -157,14 +157,16 @@ pub(crate) const REPORT_PROGRESS: &str = concat!(
 /// (the outbox row at the token the row is ready at) minus priority ×
 /// `?3` milliseconds of aging, then the readiness — with the token each is
 /// ready at; each is then claimed by [`CLAIM_CALL`] at that token.
-pub(crate) const READY_OF_TYPES: &str = "\
-SELECT tr.id, tr.fencing_token FROM task_run tr \
+pub(crate) const READY_OF_TYPES: &str = concat!(
+    "SELECT tr.id, tr.fencing_token FROM task_run tr \
 JOIN workflow_run r ON r.id = tr.run_id \
 JOIN task t ON t.workflow_id = r.workflow_id AND t.key = COALESCE(tr.map_of, tr.task_key) \
 JOIN outbox ON outbox.task_run_id = tr.id AND outbox.fencing_token = tr.fencing_token \
 WHERE tr.state = 'ready' AND t.task_type IN (SELECT value FROM json_each(?1)) \
   AND (tr.compensate_for IS NOT NULL OR r.cancel_requested_at IS NULL) \
-ORDER BY outbox.created_at - outbox.priority * ?3, outbox.id LIMIT ?2";
+ORDER BY outbox.created_at - outbox.priority * ?3, outbox.id",
+    limit!("?2")
+);
 
 /// dispatch_is_current: `?1` id, `?2` token.
 pub(crate) const DISPATCH_IS_CURRENT: &str =
@@ -313,7 +315,8 @@ pub(crate) const EXPIRED_LEASES: &str = concat!(
              JOIN task t ON t.workflow_id = r.workflow_id AND t.key = COALESCE(tr.map_of, tr.task_key) \
              WHERE tr.state = 'running' AND tr.lease_expires_at < ",
     now!(),
-    " AND (?2 IS NULL OR tr.run_id IN (SELECT value FROM json_each(?2))) ORDER BY tr.lease_expires_at, tr.id LIMIT ?3"
+    " AND (?2 IS NULL OR tr.run_id IN (SELECT value FROM json_each(?2))) ORDER BY tr.lease_expires_at, tr.id",
+    limit!("?3")
 );
 
 /// The rows of the reap batch `?2` (`[{i: id, t: token, x: expiry}]`)
@@ -449,7 +452,8 @@ pub(crate) const RUNS_WITH_WORK: &str = concat!(
                         AND (SELECT count(*) FROM concurrency_slot s WHERE s.scope = o.scope AND s.slot < o.max) >= o.max)\
              ) AS q WHERE q.place <= q.room \
              ) AS w CROSS JOIN workflow_run r ON r.id = w.run_id \
-             WHERE r.state IN ('pending', 'running') ORDER BY r.created_at, r.id LIMIT ?3"
+             WHERE r.state IN ('pending', 'running') ORDER BY r.created_at, r.id",
+    limit!("?3")
 );
 
 /// next_deadline: the earliest retry or lease end (the retry and lease indexes).
@@ -526,13 +530,14 @@ pub(crate) const GET_RUN: &str = concat!(
 
 /// run_events: the events numbered above `?2`, at most `?3`
 /// (`taskrunevent_run_seq_idx`, `workflowrunevent_run_seq_idx`, merged).
-pub(crate) const RUN_EVENTS: &str = concat!(history!("", " AND seq > ?2"), " LIMIT ?3");
+pub(crate) const RUN_EVENTS: &str = concat!(history!("", " AND seq > ?2"), limit!("?3"));
 
 /// list_runs: newest first (`workflowrun_created_id_idx`).
 pub(crate) const LIST_RUNS: &str = concat!(
     "SELECT ",
     summary_columns!(),
-    " FROM workflow_run r JOIN workflow w ON w.id = r.workflow_id ORDER BY r.created_at DESC, r.id DESC LIMIT ?1"
+    " FROM workflow_run r JOIN workflow w ON w.id = r.workflow_id ORDER BY r.created_at DESC, r.id DESC",
+    limit!("?1")
 );
 
 /// list_runs_page: newest first, strictly after the cursor (`?1` created_at,
@@ -549,7 +554,8 @@ pub(crate) const LIST_RUNS_PAGE: &str = concat!(
      AND (?3 IS NULL OR r.state IN (SELECT value FROM json_each(?3))) \
      AND (?4 IS NULL OR w.name IN (SELECT value FROM json_each(?4))) \
      AND (?5 IS NULL OR r.created_at >= ?5) AND (?6 IS NULL OR r.created_at < ?6) \
-     ORDER BY r.created_at DESC, r.id DESC LIMIT ?7"
+     ORDER BY r.created_at DESC, r.id DESC",
+    limit!("?7")
 );
 
 /// run_summary: one run by primary key. `?1` run.

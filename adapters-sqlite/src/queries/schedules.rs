@@ -141,5 +141,8 @@ pub(crate) const BACKFILL_BEGIN: &str = concat!(
 );
 
 /// schedule_fires. `?1` schedule, `?2` from, `?3` to (ms), `?4` limit.
-pub(crate) const SCHEDULE_FIRES: &str = "SELECT fire_time, outcome, run_id, backfill FROM schedule_fire \
-     WHERE schedule_id = ?1 AND fire_time BETWEEN ?2 AND ?3 ORDER BY fire_time LIMIT ?4";
+pub(crate) const SCHEDULE_FIRES: &str = concat!(
+    "SELECT fire_time, outcome, run_id, backfill FROM schedule_fire \
+     WHERE schedule_id = ?1 AND fire_time BETWEEN ?2 AND ?3 ORDER BY fire_time",
+    limit!("?4")
+);
