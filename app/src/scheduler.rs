@@ -28,6 +28,11 @@ use crate::observers::Observers;
 /// How often the loop looks for expired leases when no deadline woke it.
 const REAP_EVERY: Duration = Duration::from_secs(1);
 
+/// The default [`SchedulerConfig::pass_spacing`]: far below a human's
+/// notice and a join's usual wait, long enough that a busy fan-out's
+/// finishes share a pass (docs/design/scheduler.md#pacing).
+pub const DEFAULT_PASS_SPACING: Duration = Duration::from_millis(5);
+
 /// What one pass over one run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PassOutcome {
@@ -212,6 +217,11 @@ pub struct SchedulerConfig {
     /// The most bytes of JSON a mapped task's collected output may take:
     /// the task output limit (docs/design/map.md#collecting).
     pub output_limit: usize,
+    /// The least time from one pass's start to the next pass a
+    /// notification asks for (docs/design/scheduler.md#pacing): what
+    /// finishes within it share one pass. A pass the deadline timer starts
+    /// does not wait.
+    pub pass_spacing: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -223,6 +233,7 @@ impl Default for SchedulerConfig {
             nudge: None,
             on_limit_cancel: None,
             output_limit: DEFAULT_TASK_OUTPUT_BYTES,
+            pass_spacing: DEFAULT_PASS_SPACING,
         }
     }
 }
@@ -682,6 +693,7 @@ impl<S: Store> Scheduler<S> {
                 last_reap = Instant::now();
             }
             let idle;
+            let started = Instant::now();
             match self.pass(reap).await {
                 Ok(report) if report.more => {
                     failures = 0;
@@ -712,6 +724,9 @@ impl<S: Store> Scheduler<S> {
             });
             if futures_util::FutureExt::now_or_never(wake.as_mut()).is_some() {
                 timer_fired = false;
+                if !self.spaced(started, &shutdown).await {
+                    return Ok(());
+                }
                 continue;
             }
             let deadline = match self.store.next_deadline(self.config.scope.clone()).await {
@@ -735,6 +750,21 @@ impl<S: Store> Scheduler<S> {
                 () = wake => false,
                 () = tokio::time::sleep(sleep) => true,
             };
+            if !timer_fired && !self.spaced(started, &shutdown).await {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Waits out the rest of the pass spacing after a pass that started at
+    /// `started`; false if the loop is shutting down.
+    async fn spaced(&self, started: Instant, shutdown: &CancellationToken) -> bool {
+        let Some(rest) = self.config.pass_spacing.checked_sub(started.elapsed()) else {
+            return true;
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => false,
+            () = tokio::time::sleep(rest) => true,
         }
     }
 

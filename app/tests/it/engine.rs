@@ -172,3 +172,37 @@ async fn cancelling_a_run_stops_its_running_handler() {
         .collect();
     assert_eq!(states, [("a", "cancelled"), ("b", "cancelled")]);
 }
+
+/// A wake-up within the pass spacing waits for the spacing to pass, but a
+/// shutdown does not: the loop ends at once (docs/design/scheduler.md#pacing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_during_the_pass_spacing_ends_the_scheduler_at_once() {
+    use flowforge_app::cache::DefinitionCache;
+    use flowforge_app::observers::Observers;
+    use flowforge_app::scheduler::{Scheduler, SchedulerConfig};
+
+    let store = store().await;
+    let nudge = Arc::new(Notify::new());
+    let scheduler = Scheduler::new(
+        store.clone(),
+        Arc::new(DefinitionCache::new(store)),
+        Observers::default(),
+        SchedulerConfig {
+            nudge: Some(Arc::clone(&nudge)),
+            pass_spacing: std::time::Duration::from_secs(3600),
+            ..SchedulerConfig::default()
+        },
+    );
+    // Woken before its first pass ends, the loop spaces its second.
+    nudge.notify_one();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let looping = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { scheduler.run(shutdown).await }
+    });
+    shutdown.cancel();
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(30), looping)
+        .await
+        .expect("the loop ends without waiting out its spacing");
+    ended.expect("the loop does not panic").expect("the loop ends cleanly");
+}

@@ -11,7 +11,7 @@ use flowforge_app::after_commit::{self, AfterCommit, DEFAULT_HOLD};
 use flowforge_app::cache::DefinitionCache;
 use flowforge_app::process::run_registered;
 use flowforge_app::publisher::{OutboxPublisher, PublisherConfig};
-use flowforge_app::scheduler::{Scheduler, SchedulerConfig};
+use flowforge_app::scheduler::{DEFAULT_PASS_SPACING, Scheduler, SchedulerConfig};
 use flowforge_app::worker::{Worker, WorkerConfig};
 use flowforge_ports::store::WorkerRegistration;
 use flowforge_ports::{Store, WorkerId};
@@ -85,6 +85,17 @@ impl HttpArgs {
 /// Arguments of `flowforge scheduler`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct SchedulerArgs {
+    /// The least time between the starts of two passes that finishing
+    /// tasks ask for: what finishes within it shares one pass, which
+    /// trades up to this much of a join's latency for far less work when
+    /// busy; 0 passes on every wake-up (docs/design/scheduler.md#pacing).
+    #[arg(
+        long,
+        env = "FLOWFORGE_PASS_SPACING_MS",
+        default_value_t = DEFAULT_PASS_SPACING.as_millis() as u64,
+        value_name = "MILLISECONDS"
+    )]
+    pub(crate) pass_spacing_ms: u64,
     #[command(flatten)]
     pub(crate) metrics: MetricsArgs,
 }
@@ -184,6 +195,7 @@ pub(crate) async fn scheduler(global: &Global, args: &SchedulerArgs) -> anyhow::
             Default::default(),
             SchedulerConfig {
                 output_limit: global.max_task_output_bytes,
+                pass_spacing: std::time::Duration::from_millis(args.pass_spacing_ms),
                 ..SchedulerConfig::default()
             },
         );
