@@ -117,6 +117,7 @@ impl OutboxStore for PgStore {
             .execute(&self.inner.pool)
             .await
             .map_err(store_error)?;
+        self.announce(&[(Topic::Publisher, done.rows_affected() > 0)]).await;
         Ok(done.rows_affected())
     }
 

@@ -12,7 +12,8 @@ use flowforge_domain::plan::Handoff;
 use flowforge_domain::retry::Reset;
 use flowforge_domain::{RunState, TaskRunState, TaskTransition, run_machine};
 use flowforge_ports::store::{
-    Finished, Gauges, IdempotencyKey, KeyedStart, NewRun, RunQuery, StartOptions, Wait, resolve_generic_transition,
+    Finished, Gauges, Handover, IdempotencyKey, KeyedStart, NewRun, RunQuery, StartOptions, Wait,
+    resolve_generic_transition,
 };
 use flowforge_ports::{
     CancelOutcome, Claim, Dispatch, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore,
@@ -172,7 +173,7 @@ impl PgStore {
         worker: &WorkerId,
         output: &Value,
         handoff: &Handoff,
-        hold: Option<Duration>,
+        handover: Handover,
     ) -> Result<Finished, store::Error> {
         let output =
             serde_json::to_string(output).map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;
@@ -186,7 +187,11 @@ impl PgStore {
                 .bind(MAX_STALE_AUDITS_PER_TASK_RUN)
                 .bind(&handoff.dependents)
                 .bind(handoff.whole)
-                .bind(hold.map(micros))
+                .bind(match handover {
+                    Handover::Held(hold) => Some(micros(hold)),
+                    Handover::Sweep | Handover::Pushed => None,
+                })
+                .bind(handover == Handover::Pushed)
                 .fetch_one(&self.inner.pool)
                 .await
                 .map_err(store_error)?;
@@ -552,11 +557,12 @@ impl RunStore for PgStore {
         worker: &WorkerId,
         outcome: TaskOutcome,
         handoff: &Handoff,
-        hold: Option<Duration>,
+        handover: Handover,
     ) -> Result<Finished, store::Error> {
         match outcome.storable() {
             TaskOutcome::Succeeded { output } if !handoff.dependents.is_empty() => {
-                self.finish_handing_off(id, token, worker, &output, handoff, hold).await
+                self.finish_handing_off(id, token, worker, &output, handoff, handover)
+                    .await
             }
             outcome => Ok(Finished {
                 result: self.finish(id, token, worker, outcome).await?,
@@ -831,9 +837,10 @@ impl RunStore for PgStore {
     }
 }
 
-/// The held rows a finish returned (JSON). The finish has committed, so
-/// rows that cannot be read are not its error: they are left to the sweep,
-/// which takes them once their hold is over.
+/// The rows a finish returned to its caller (JSON). The finish has
+/// committed, so rows that cannot be read are not its error: held ones are
+/// left to the sweep, which takes them once their hold is over; pushed
+/// ones to the next publisher's re-arm.
 fn held_dispatches(rows: Option<&str>) -> Vec<Dispatch> {
     let Some(rows) = rows else {
         return Vec::new();
@@ -844,7 +851,8 @@ fn held_dispatches(rows: Option<&str>) -> Vec<Dispatch> {
     {
         Ok(held) => held,
         Err(e) => {
-            tracing::error!(error = %e, "cannot read the dispatches a finish held; the sweep publishes them after their hold");
+            tracing::error!(error = %e, "cannot read the dispatches a finish handed back; the sweep publishes held ones after their hold, \
+                 the next publisher's start re-arms pushed ones");
             Vec::new()
         }
     }

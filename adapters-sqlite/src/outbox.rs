@@ -131,6 +131,9 @@ impl OutboxStore for SqliteStore {
                     .bind(i64::try_from(age.as_millis()).unwrap_or(i64::MAX)),
             )
             .await?;
+        if !rows.is_empty() {
+            self.inner.wakeups.wake(Topic::Publisher);
+        }
         Ok(rows.len() as u64)
     }
 

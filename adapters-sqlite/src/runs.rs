@@ -17,7 +17,7 @@ use flowforge_domain::plan::Handoff;
 use flowforge_domain::retry::Reset;
 use flowforge_domain::{Priority, RunState, TaskRunState, TaskTransition, initial_task_run_state};
 use flowforge_ports::store::resolve_generic_transition;
-use flowforge_ports::store::{Finished, Gauges, IdempotencyKey, KeyedStart, NewRun, RunQuery, StartOptions};
+use flowforge_ports::store::{Finished, Gauges, Handover, IdempotencyKey, KeyedStart, NewRun, RunQuery, StartOptions};
 use flowforge_ports::{
     CancelOutcome, Claim, Dispatch, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore,
     RunSummary, Scope, TaskInputs, TaskOutcome, TaskRunId, Topic, TransitionError, WorkerId, WorkflowId, store,
@@ -282,7 +282,7 @@ impl SqliteStore {
         worker: &WorkerId,
         output: &Value,
         handoff: &Handoff,
-        hold: Option<Duration>,
+        handover: Handover,
     ) -> Result<Finished, store::Error> {
         let offset = self.inner.offset();
         let output =
@@ -318,13 +318,17 @@ impl SqliteStore {
                     .bind(dependents)
                     .bind(id.0)
                     .bind(handoff.whole)
-                    .bind(hold.map(duration_ms)),
+                    .bind(match handover {
+                        Handover::Held(hold) => Some(duration_ms(hold)),
+                        Handover::Sweep | Handover::Pushed => None,
+                    })
+                    .bind(handover == Handover::Pushed),
             ))
             .await?;
         drop(conn);
         lock(&self.inner.inputs).output(run_id(&run)?, &key, id.0, &output);
         let promoted = tagged(&moved, 3).count();
-        if promoted > 0 && hold.is_none() {
+        if promoted > 0 && handover == Handover::Sweep {
             self.inner.wakeups.wake(Topic::Publisher);
         }
         if !(handoff.whole && promoted == handoff.dependents.len()) {
@@ -336,10 +340,9 @@ impl SqliteStore {
         };
         Ok(Finished {
             result: FinishResult::Recorded(TaskRunState::Succeeded),
-            held: if hold.is_some() {
-                held_dispatches(&moved)
-            } else {
-                Vec::new()
+            held: match handover {
+                Handover::Sweep => Vec::new(),
+                Handover::Held(_) | Handover::Pushed => held_dispatches(&moved),
             },
             queued,
         })
@@ -712,13 +715,15 @@ impl RunStore for SqliteStore {
         worker: &WorkerId,
         outcome: TaskOutcome,
         handoff: &Handoff,
-        hold: Option<Duration>,
+        handover: Handover,
     ) -> Result<Finished, store::Error> {
         let outcome = outcome.storable();
         if let TaskOutcome::Succeeded { output } = &outcome
             && !handoff.dependents.is_empty()
         {
-            return self.finish_handing_off(id, token, worker, output, handoff, hold).await;
+            return self
+                .finish_handing_off(id, token, worker, output, handoff, handover)
+                .await;
         }
         Ok(Finished {
             result: self.finish(id, token, worker, outcome).await?,
@@ -1044,9 +1049,10 @@ impl RunStore for SqliteStore {
     }
 }
 
-/// The held rows a hand-off returned (tagged 4), in id order. The finish
-/// has committed, so rows that cannot be read are not its error: they are
-/// left to the sweep, which takes them once their hold is over.
+/// The rows a hand-off returned to its caller (tagged 4), in id order. The
+/// finish has committed, so rows that cannot be read are not its error:
+/// held ones are left to the sweep, which takes them once their hold is
+/// over; pushed ones to the next publisher's re-arm.
 fn held_dispatches(rows: &[sqlx::sqlite::SqliteRow]) -> Vec<Dispatch> {
     let held = tagged(rows, 4)
         .map(|r| decode::<OutboxRow>(r)?.into_dispatch())
@@ -1057,7 +1063,8 @@ fn held_dispatches(rows: &[sqlx::sqlite::SqliteRow]) -> Vec<Dispatch> {
             held
         }
         Err(e) => {
-            tracing::error!(error = %e, "cannot read the dispatches a finish held; the sweep publishes them after their hold");
+            tracing::error!(error = %e, "cannot read the dispatches a finish handed back; the sweep publishes held ones after their hold, \
+                 the next publisher's start re-arms pushed ones");
             Vec::new()
         }
     }

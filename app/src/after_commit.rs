@@ -1,16 +1,23 @@
 //! Publish after commit (docs/design/outbox-and-queues.md#publish-after-commit):
-//! the dispatches a worker's finish made ready and held from the outbox
-//! sweep are published by the worker's process right after the commit,
-//! with confirms, and their rows settled — marked published, or released
-//! to the sweep when they did not go through or the queue's window had no
-//! room for them. The outbox publisher stays the safety net: a row whose
-//! committer died before settling it is swept once its hold is over.
+//! the dispatches a worker's finish made ready are published by the
+//! worker's process right after the commit. Into a broker, they are held
+//! from the outbox sweep, published with confirms, and their rows settled —
+//! marked published, or released to the sweep when they did not go through
+//! or the queue's window had no room for them; the outbox publisher stays
+//! the safety net, sweeping a row whose committer died before settling it
+//! once its hold is over. Into a queue that dies with the process, they are
+//! committed published and pushed: there is nothing to settle, and what a
+//! dead process did not push is re-armed by the next publisher's start.
 
 use std::cmp::Reverse;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flowforge_domain::plan::Handoff;
-use flowforge_ports::{Dispatch, DispatchId, DispatchPublisher, OutboxStore};
+use flowforge_ports::store::Handover;
+use flowforge_ports::{Dispatch, DispatchId, DispatchPublisher, OutboxStore, queue};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -33,12 +40,49 @@ const MOST_HELD: usize = 64;
 const MOST_PER_BATCH: usize = 500;
 
 /// A worker's handle on its process's after-commit publisher. Cheap to
-/// clone; the publisher ends once every handle is dropped, after publishing
-/// what it was handed.
-#[derive(Debug, Clone)]
+/// clone; a forwarding publisher ([`AfterCommit::start`]) ends once every
+/// handle is dropped, after publishing what it was handed.
+#[derive(Clone)]
 pub struct AfterCommit {
-    sender: mpsc::UnboundedSender<Handed>,
-    hold: Duration,
+    how: How,
+}
+
+#[derive(Clone)]
+enum How {
+    /// Held rows, handed to the task that publishes and settles them.
+    Forward {
+        sender: mpsc::UnboundedSender<Handed>,
+        hold: Duration,
+    },
+    /// Rows committed published, pushed by the finishing slot itself.
+    Push(Arc<dyn Push>),
+}
+
+impl std::fmt::Debug for AfterCommit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.how {
+            How::Forward { hold, .. } => f
+                .debug_struct("AfterCommit")
+                .field("hold", hold)
+                .finish_non_exhaustive(),
+            How::Push(_) => f.write_str("AfterCommit(push)"),
+        }
+    }
+}
+
+/// A [`DispatchPublisher`] behind a pointer: the handle does not name the
+/// queue's type.
+trait Push: Send + Sync + 'static {
+    fn push<'a>(&'a self, batch: &'a [Dispatch]) -> Pushing<'a>;
+}
+
+/// A push in flight: one outcome per dispatch, in order.
+type Pushing<'a> = Pin<Box<dyn Future<Output = Vec<Result<(), queue::Error>>> + Send + 'a>>;
+
+impl<P: DispatchPublisher> Push for P {
+    fn push<'a>(&'a self, batch: &'a [Dispatch]) -> Pushing<'a> {
+        Box::pin(self.publish(batch))
+    }
 }
 
 /// What one finish handed over.
@@ -73,28 +117,64 @@ impl AfterCommit {
             hold,
             receiver,
         };
-        (Self { sender, hold }, tokio::spawn(forwarder.run()))
+        (
+            Self {
+                how: How::Forward { sender, hold },
+            },
+            tokio::spawn(forwarder.run()),
+        )
     }
 
-    /// How long a finish handing on `handoff` holds its dispatches from
-    /// the sweep for this publisher; `None` when it leaves them to the
-    /// sweep, as a handoff wider than [`MOST_HELD`] does.
-    pub fn hold_for(&self, handoff: &Handoff) -> Option<Duration> {
-        (handoff.dependents.len() <= MOST_HELD).then_some(self.hold)
+    /// A handle whose finishes commit their dispatches published and push
+    /// them into `queue` themselves, or `None` when `queue` outlives the
+    /// process ([`DispatchPublisher::durable`]): a dispatch a broker did
+    /// not confirm must stay in the outbox, so that queue takes
+    /// [`AfterCommit::start`].
+    pub fn pushing<P: DispatchPublisher>(queue: P) -> Option<Self> {
+        (!queue.durable()).then(|| Self {
+            how: How::Push(Arc::new(queue)),
+        })
+    }
+
+    /// Who publishes the dispatches of a finish handing on `handoff`: this
+    /// publisher, or the sweep, which takes a handoff wider than
+    /// [`MOST_HELD`] from a forwarding one.
+    pub fn handover_for(&self, handoff: &Handoff) -> Handover {
+        match &self.how {
+            How::Forward { hold, .. } if handoff.dependents.len() <= MOST_HELD => Handover::Held(*hold),
+            How::Forward { .. } => Handover::Sweep,
+            How::Push(_) => Handover::Pushed,
+        }
     }
 
     /// Hands over dispatches just committed, with whether other rows were
     /// waiting for the sweep then ([`Finished`](flowforge_ports::store::Finished)
-    /// says both). If the loop has ended, the sweep publishes them once
-    /// their hold is over.
-    pub fn hand(&self, dispatches: Vec<Dispatch>, queued: bool) {
-        let handed = Handed {
-            dispatches,
-            queued,
-            at: Instant::now(),
-        };
-        if self.sender.send(handed).is_err() {
-            tracing::debug!("the after-commit publisher has stopped; the sweep publishes these dispatches");
+    /// says both). If a forwarding loop has ended, the sweep publishes them
+    /// once their hold is over; what a closed in-process queue refuses is
+    /// re-armed by the next publisher's start.
+    pub async fn hand(&self, dispatches: Vec<Dispatch>, queued: bool) {
+        match &self.how {
+            How::Forward { sender, .. } => {
+                let handed = Handed {
+                    dispatches,
+                    queued,
+                    at: Instant::now(),
+                };
+                if sender.send(handed).is_err() {
+                    tracing::debug!("the after-commit publisher has stopped; the sweep publishes these dispatches");
+                }
+            }
+            How::Push(queue) => {
+                let results = queue.push(&dispatches).await;
+                for (dispatch, result) in dispatches.iter().zip(results) {
+                    if let Err(e) = result {
+                        tracing::warn!(
+                            dispatch_id = %dispatch.dispatch_id, run_id = %dispatch.run_id, task_key = %dispatch.task_key,
+                            error = %e, "dispatch not pushed after its commit; the next publisher's start re-arms it"
+                        );
+                    }
+                }
+            }
         }
     }
 }

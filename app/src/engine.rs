@@ -17,6 +17,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::after_commit::AfterCommit;
 use crate::cache::DefinitionCache;
 use crate::error::Error;
 use crate::observers::Observers;
@@ -44,6 +45,12 @@ pub struct EngineConfig {
     /// How long ready work waits to gain one priority level
     /// (docs/design/priorities.md#aging); give the queue the same.
     pub priority_aging: Duration,
+    /// Whether the worker pushes the dispatches its finishes hand on into
+    /// an in-process queue itself, right after the commit
+    /// (docs/design/outbox-and-queues.md#publish-after-commit). `false`
+    /// leaves every dispatch to the outbox sweep, so a run can be stepped
+    /// by hand: a scheduler pass, a sweep, one delivery at a time.
+    pub push_after_commit: bool,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +62,7 @@ impl Default for EngineConfig {
             limits: Limits::default(),
             stop_grace: Duration::from_secs(5),
             priority_aging: flowforge_ports::store::DEFAULT_PRIORITY_AGING,
+            push_after_commit: true,
         }
     }
 }
@@ -235,6 +243,13 @@ where
         worker_config.lease = config.lease;
         worker_config.limits = config.limits;
         worker_config.stop_grace = config.stop_grace;
+        // An in-process queue takes a finish's dispatches straight from the
+        // finishing slot, so a chain's hop waits for no sweep
+        // (docs/design/outbox-and-queues.md#publish-after-commit); a broker's
+        // are left to this engine's sweep.
+        if config.push_after_commit {
+            worker_config.after_commit = AfterCommit::pushing(queue.clone());
+        }
         let worker = Arc::new(Worker::new(
             store.clone(),
             queue.clone(),
@@ -352,7 +367,8 @@ where
                 scope,
                 nudge,
                 aging: self.config.priority_aging,
-                // This engine's worker publishes nothing itself.
+                // This engine's worker holds no rows: it pushes them
+                // committed published, or leaves them to this sweep.
                 holds: None,
                 ..PublisherConfig::default()
             },

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use flowforge_domain::limits::{self, Limits, ValueKind};
 use flowforge_domain::plan::Handoff;
 use flowforge_ports::store::{
-    Claim, DEFAULT_PRIORITY_AGING, FinishResult, LeaseStatus, TaskInputs, TaskOutcome, WorkerRegistration,
+    Claim, DEFAULT_PRIORITY_AGING, FinishResult, Handover, LeaseStatus, TaskInputs, TaskOutcome, WorkerRegistration,
 };
 use flowforge_ports::{MapItem, RunId, Store, TaskRunId, WorkerId, WorkflowId};
 use futures_util::StreamExt;
@@ -493,7 +493,7 @@ impl<S: Store> RemoteWork<S> {
     ) -> Result<FinishResult, Error> {
         let stored = self
             .store
-            .finish_and_hand_off(key.0, key.1, worker, outcome, handoff, None)
+            .finish_and_hand_off(key.0, key.1, worker, outcome, handoff, Handover::Sweep)
             .await?;
         self.issued().remove(&key);
         Ok(stored.result)

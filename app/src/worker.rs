@@ -14,10 +14,10 @@ use flowforge_domain::TaskRunState;
 use flowforge_domain::limits::{self, Limits, ValueKind};
 use flowforge_domain::plan::Handoff;
 use flowforge_ports::handler::Pulse;
-use flowforge_ports::store::{Claim, FinishResult, LeaseStatus, TaskOutcome};
+use flowforge_ports::store::{Claim, FinishResult, Handover, LeaseStatus, TaskOutcome};
 use flowforge_ports::{
-    Delivery, Dispatch, DispatchConsumer, DispatchQueue, HandlerError, RunId, Store, TaskContext, TaskEvent, WorkerId,
-    queue, store,
+    Delivery, Dispatch, DispatchConsumer, DispatchQueue, HandlerError, RunId, Scope, Store, TaskContext, TaskEvent,
+    WorkerId, queue, store,
 };
 use serde_json::Value;
 use tokio::task::JoinSet;
@@ -425,9 +425,10 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
     async fn finish(&self, claim: &Claim, outcome: TaskOutcome) -> Result<FinishResult, store::Error> {
         let handoff = self.handoff(claim, &outcome).await;
         let after_commit = self.config.after_commit.as_ref();
-        let hold = after_commit.and_then(|a| a.hold_for(&handoff));
+        let handover = after_commit.map_or(Handover::Sweep, |a| a.handover_for(&handoff));
         let started = Instant::now();
         let mut pause = FINISH_RETRY_FIRST_PAUSE;
+        let mut failed_before = false;
         loop {
             match self
                 .store
@@ -437,26 +438,52 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                     &self.config.id,
                     outcome.clone(),
                     &handoff,
-                    hold,
+                    handover,
                 )
                 .await
             {
                 Err(e) if e.is_transient() && started.elapsed() + pause < self.config.lease => {
                     tracing::warn!(error = %e, retry_in = ?pause, "storing the outcome failed; retrying");
+                    failed_before = true;
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(FINISH_RETRY_MAX_PAUSE);
                 }
                 Ok(finished) => {
-                    // Rows come back held only when a hold was asked for.
+                    if handover == Handover::Pushed && failed_before && finished.result == FinishResult::Stale {
+                        self.rearm_unpushed(claim).await;
+                    }
+                    // Rows come back only when the handover is ours.
                     if let Some(after_commit) = after_commit
                         && !finished.held.is_empty()
                     {
-                        after_commit.hand(finished.held, finished.queued);
+                        after_commit.hand(finished.held, finished.queued).await;
                     }
                     return Ok(finished.result);
                 }
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// A finish that failed to answer may still have committed, writing
+    /// the rows it handed on published, which nobody then pushed; its
+    /// retry is stale and returns none. Re-arms the run's published rows
+    /// of ready tasks, as a restart would, for the sweep to deliver
+    /// (docs/design/outbox-and-queues.md#publish-after-commit); a
+    /// duplicate claims nothing.
+    async fn rearm_unpushed(&self, claim: &Claim) {
+        match self
+            .store
+            .rearm_lost_dispatches(Scope::Run(claim.run_id), Duration::ZERO)
+            .await
+        {
+            Ok(rearmed) => {
+                tracing::info!(run_id = %claim.run_id, rearmed, "re-armed what a finish that failed to answer may have handed on")
+            }
+            Err(e) => tracing::error!(
+                run_id = %claim.run_id, error = %e,
+                "cannot re-arm what a finish that failed to answer may have handed on; the next start re-arms it"
+            ),
         }
     }
 

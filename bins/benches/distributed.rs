@@ -65,7 +65,8 @@ use flowforge_app::scheduler::{Scheduler, SchedulerConfig};
 use flowforge_domain::TaskRunState;
 use flowforge_domain::plan;
 use flowforge_ports::store::{
-    FinishResult, Notifier, OutboxStore, OutboxSweep, RunStore, RunSummary, TaskOutcome, Topic, WorkerRegistry,
+    FinishResult, Handover, Notifier, OutboxStore, OutboxSweep, RunStore, RunSummary, TaskOutcome, Topic,
+    WorkerRegistry,
 };
 use flowforge_ports::{
     Dispatch, DispatchId, DispatchPublisher, RunId, Scope, SystemClock, TaskRunId, WorkerId, WorkflowId,
@@ -426,7 +427,7 @@ async fn measure_floor(store: &PgStore, publisher: &RabbitPublisher) -> Floor {
                 &worker,
                 TaskOutcome::Succeeded { output: json!({}) },
                 &handoff,
-                Some(DEFAULT_HOLD),
+                Handover::Held(DEFAULT_HOLD),
             )
             .await
             .expect("finish");

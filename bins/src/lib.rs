@@ -203,6 +203,15 @@ impl EmbeddedBuilder {
         self
     }
 
+    /// Whether the worker pushes the dispatches a success hands on straight
+    /// into the in-process queue (the default), or leaves them to the
+    /// outbox sweep so a run can be stepped by hand
+    /// ([`EngineConfig::push_after_commit`]).
+    pub fn push_after_commit(mut self, push: bool) -> Self {
+        self.config.push_after_commit = push;
+        self
+    }
+
     /// Shifts store time (tests move leases and retries without sleeping).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;

@@ -20,9 +20,9 @@ pub use ids::{DispatchId, RunId, TaskRunId, WorkerId, WorkflowId};
 pub use observer::{Observer, RunEvent, TaskEvent};
 pub use queue::{Delivery, Dispatch, DispatchConsumer, DispatchPublisher, DispatchQueue};
 pub use store::{
-    Activity, CancelOutcome, Claim, DefinitionStore, EventView, FinishResult, LeaseStatus, LoadError, LockedRun,
-    Notifier, OutboxStore, OutboxSweep, PassTask, PublishError, Published, Reaped, RunDetail, RunPass, RunSet,
-    RunStore, RunSummary, ScheduleStore, Scope, Store, TaskInputs, TaskOutcome, TaskRunView, TokenStore, Topic,
+    Activity, CancelOutcome, Claim, DefinitionStore, EventView, FinishResult, Handover, LeaseStatus, LoadError,
+    LockedRun, Notifier, OutboxStore, OutboxSweep, PassTask, PublishError, Published, Reaped, RunDetail, RunPass,
+    RunSet, RunStore, RunSummary, ScheduleStore, Scope, Store, TaskInputs, TaskOutcome, TaskRunView, TokenStore, Topic,
     TransitionError, WorkerInfo, WorkerRegistration, WorkerRegistry,
 };
 

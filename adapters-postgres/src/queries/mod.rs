@@ -46,17 +46,21 @@ macro_rules! reset_set {
 /// fencing_token, priority, map_of), each with its task type from workflow
 /// `$workflow` (a parameter or a subquery), looked up per row: see
 /// [`LOWER_AND_PROMOTE`] on why a wide batch's plan is pinned to index
-/// probes; held from the sweep until `$sweep_after` (NULL: not held,
+/// probes; held from the sweep until `$sweep_after` and published at
+/// `$published_at` (both NULL unless the committer publishes them itself,
 /// docs/design/outbox-and-queues.md#publish-after-commit). Returns what a
 /// dispatch carries.
 macro_rules! dispatch_moved {
-    ($workflow:literal, $sweep_after:expr) => {
+    ($workflow:literal, $sweep_after:expr, $published_at:expr) => {
         concat!(
-            "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority, sweep_after)
+            "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority, sweep_after,
+                    published_at)
     SELECT m.id, m.run_id, m.task_key, t.task_type, m.fencing_token, ",
             now!(),
             ", m.priority, ",
             $sweep_after,
+            ", ",
+            $published_at,
             "
     FROM moved AS m
     CROSS JOIN LATERAL (SELECT task_type FROM task WHERE workflow_id = ",
@@ -89,7 +93,7 @@ macro_rules! made_ready {
             ", NULL FROM moved ORDER BY id
 ), dispatched AS (
     ",
-            dispatch_moved!("$3", "NULL"),
+            dispatch_moved!("$3", "NULL", "NULL"),
             "
 )"
         )

@@ -238,12 +238,13 @@ SELECT (SELECT count(*) FROM done) > 0 AS recorded, ",
 /// whole) and every named dependent moved; a flag already set (a first
 /// claim's) stays. With a hold (`$9` microseconds), the outbox rows are
 /// held from the sweep that long and returned as `held`, a JSON array, with
-/// `queued`, whether other rows wait for the sweep, and the publisher is not
-/// woken
+/// `queued`, whether other rows wait for the sweep; pushed (`$10`), they
+/// are written published and returned as `held`; either way the publisher
+/// is not woken
 /// (docs/design/outbox-and-queues.md#publish-after-commit). `$1` offset,
 /// `$2` id, `$3` token, `$4` worker, `$5` output (JSON text), `$6` the most
 /// stale-write audits one task run keeps, `$7` the dependents, `$8` whole,
-/// `$9` the hold or NULL.
+/// `$9` the hold or NULL, `$10` whether the caller pushes them.
 pub const FINISH_HANDOFF: &str = concat!(
     "WITH mine AS MATERIALIZED (
     SELECT tr.id, tr.run_id, wr.workflow_id, wr.cancel_requested_at IS NULL AS open
@@ -286,7 +287,8 @@ pub const FINISH_HANDOFF: &str = concat!(
             "CASE WHEN $9::float8 IS NOT NULL THEN ",
             now!(),
             " + $9::float8 * interval '1 microsecond' END"
-        )
+        ),
+        concat!("CASE WHEN $10::bool THEN ", now!(), " END")
     ),
     "
 ), stale AS (
@@ -304,8 +306,8 @@ pub const FINISH_HANDOFF: &str = concat!(
 )
 SELECT (SELECT count(*) FROM done) > 0 AS recorded,
        EXISTS (SELECT 1 FROM done WHERE needs_pass) AS woke_scheduler,
-       $9::float8 IS NULL AND EXISTS (SELECT 1 FROM dispatched) AS woke_publisher,
-       CASE WHEN $9::float8 IS NOT NULL THEN
+       $9::float8 IS NULL AND NOT $10::bool AND EXISTS (SELECT 1 FROM dispatched) AS woke_publisher,
+       CASE WHEN $9::float8 IS NOT NULL OR $10::bool THEN
            (SELECT json_agg(json_build_object('id', id, 'task_run_id', task_run_id, 'run_id', run_id,
                    'task_key', task_key, 'task_type', task_type, 'fencing_token', fencing_token,
                    'created_at', created_at, 'priority', priority) ORDER BY id)::text

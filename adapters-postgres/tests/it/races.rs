@@ -10,8 +10,8 @@ use std::time::Duration;
 use flowforge_adapters_postgres::PgStore;
 use flowforge_domain::{RunTransition, TaskRunState, TaskTransition};
 use flowforge_ports::{
-    DefinitionStore, FinishResult, LeaseStatus, OutboxStore, OutboxSweep, RunId, RunPass, RunStore, Scope, TaskOutcome,
-    WorkerId, WorkflowId,
+    DefinitionStore, FinishResult, Handover, LeaseStatus, OutboxStore, OutboxSweep, RunId, RunPass, RunStore, Scope,
+    TaskOutcome, WorkerId, WorkflowId,
 };
 use serde_json::json;
 use tokio::sync::Barrier;
@@ -598,7 +598,7 @@ async fn a_handoff_waits_for_a_cancel_request_in_flight_and_then_hands_on_nothin
                     &worker("w"),
                     succeeded("w"),
                     &handoff,
-                    None,
+                    Handover::Sweep,
                 )
                 .await
                 .map(|finished| finished.result)

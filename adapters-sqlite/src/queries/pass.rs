@@ -92,20 +92,24 @@ macro_rules! batch_events {
 }
 
 /// The outbox rows of a batch of rows about to become ready
-/// (docs/design/outbox-and-queues.md#one-outbox-row-per-readiness).
+/// (docs/design/outbox-and-queues.md#one-outbox-row-per-readiness), held
+/// from the sweep until `$sweep_after` and published at `$published_at`
+/// (both NULL unless the committer publishes them itself).
 macro_rules! batch_dispatch {
     ($where:expr) => {
-        batch_dispatch!($where, "NULL", "")
+        batch_dispatch!($where, "NULL", "NULL", "")
     };
-    ($where:expr, $sweep_after:expr, $returning:expr) => {
+    ($where:expr, $sweep_after:expr, $published_at:expr, $returning:expr) => {
         concat!(
             "INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority, \
-             sweep_after) SELECT id, run_id, task_key, ",
+             sweep_after, published_at) SELECT id, run_id, task_key, ",
             task_type_of!("task_run"),
             ", fencing_token, ",
             now!(),
             ", priority, ",
             $sweep_after,
+            ", ",
+            $published_at,
             " FROM task_run WHERE ",
             $where,
             " ORDER BY id",
@@ -182,12 +186,13 @@ pub(crate) const SATISFY: &str = concat!(
 /// at a counter of one in a run not cancel-requested goes to zero, then
 /// takes the pass's promotion (events, outbox rows, ready); the success
 /// is flagged unless the handoff is whole and every named dependent moved
-/// (`changes()` of the promotion). With a hold (`?6` milliseconds) the
-/// outbox rows are held from the sweep that long and returned, tagged 4,
-/// with whether other rows wait for the sweep, tagged 5
-/// (docs/design/outbox-and-queues.md#publish-after-commit). `?2` run, `?3`
-/// the dependents (a JSON array), `?4` the finished task run, `?5` whole,
-/// `?6` the hold or NULL.
+/// (`changes()` of the promotion). The outbox rows are returned, tagged 4
+/// (docs/design/outbox-and-queues.md#publish-after-commit): with a hold
+/// (`?6` milliseconds) they are held from the sweep that long, and whether
+/// other rows wait for the sweep comes back tagged 5; pushed (`?7`), they
+/// are written published. `?2` run, `?3` the dependents (a JSON array),
+/// `?4` the finished task run, `?5` whole, `?6` the hold or NULL, `?7`
+/// whether the caller pushes them.
 pub(crate) const HAND_OFF: &str = concat!(
     "UPDATE task_run SET pending_deps = 0 \
      WHERE run_id = ?2 AND task_key IN (SELECT value FROM json_each(?3)) \
@@ -199,6 +204,7 @@ pub(crate) const HAND_OFF: &str = concat!(
     batch_dispatch!(
         promotable!(),
         concat!("CASE WHEN ?6 IS NOT NULL THEN ", now!(), " + ?6 END"),
+        concat!("CASE WHEN ?7 THEN ", now!(), " END"),
         " RETURNING 4 AS tag, id, task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority"
     ),
     "; ",

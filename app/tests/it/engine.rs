@@ -206,3 +206,75 @@ async fn a_shutdown_during_the_pass_spacing_ends_the_scheduler_at_once() {
         .expect("the loop ends without waiting out its spacing");
     ended.expect("the loop does not panic").expect("the loop ends cleanly");
 }
+
+/// Tells when a task of a given key succeeds.
+struct Succeeded {
+    key: &'static str,
+    done: Arc<Notify>,
+}
+
+impl flowforge_ports::Observer for Succeeded {
+    fn on_task_succeeded(&self, e: &flowforge_ports::TaskEvent) {
+        if e.task_key == self.key {
+            self.done.notify_one();
+        }
+    }
+}
+
+/// The embedded worker pushes the dispatches its finish hands on into its
+/// in-process queue itself, committed published
+/// (docs/design/outbox-and-queues.md#publish-after-commit): once the first
+/// task is dispatched, a chain runs to its end with no outbox publisher
+/// running, and leaves nothing for a sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_worker_hands_a_chain_on_without_a_sweep() {
+    use flowforge_ports::{OutboxStore, RunStore, Scope};
+
+    let store = store().await;
+    let done = Arc::new(Notify::new());
+    let observer = Arc::new(Succeeded {
+        key: "c",
+        done: Arc::clone(&done),
+    });
+    let engine = flowforge_app::Engine::new(
+        store.clone(),
+        flowforge_adapters_inproc::InprocQueue::new(),
+        adding(),
+        vec![observer],
+        flowforge_app::EngineConfig {
+            concurrency: 2,
+            ..flowforge_app::EngineConfig::default()
+        },
+    );
+    let def = definition(json!({"name": "chain", "version": 1, "tasks": [
+        {"key": "a", "task_type": "add"},
+        {"key": "b", "task_type": "add", "depends_on": ["a"]},
+        {"key": "c", "task_type": "add", "depends_on": ["b"]}
+    ]}));
+    let published = engine.publish(&def).await.unwrap();
+    let run = engine.start(published.id, json!({"n": 1})).await.unwrap();
+    let first = engine.publisher(Scope::Run(run)).publish_once().await.unwrap();
+    assert_eq!(
+        first.published, 1,
+        "the run's start dispatches its root through the sweep"
+    );
+
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let worker = tokio::spawn(Arc::clone(engine.worker()).run(shutdown.clone()));
+    tokio::time::timeout(std::time::Duration::from_secs(30), done.notified())
+        .await
+        .expect("b and c are handed on by the worker alone");
+    shutdown.cancel();
+    worker.await.unwrap().unwrap();
+    assert!(
+        store
+            .begin_sweep(Scope::Run(run), 10, flowforge_ports::store::DEFAULT_PRIORITY_AGING)
+            .await
+            .unwrap()
+            .is_none(),
+        "every dispatch was committed published"
+    );
+    let c = store.get_run(run).await.unwrap().unwrap();
+    let c = c.tasks.iter().find(|t| t.key == "c").unwrap();
+    assert_eq!(c.output, Some(json!({"n": 4})));
+}

@@ -7,7 +7,7 @@ use flowforge_domain::plan::Handoff;
 use flowforge_domain::{RunTransition, TaskRunState};
 use serde_json::json;
 
-use crate::store::{FinishResult, Finished, OutboxStore, RunPass, RunStore, Scope, TaskOutcome};
+use crate::store::{FinishResult, Finished, Handover, OutboxStore, RunPass, RunStore, Scope, TaskOutcome};
 
 use super::*;
 
@@ -20,7 +20,7 @@ fn naming(keys: &[&str], whole: bool) -> Handoff {
 }
 
 async fn hand_off<S: Store>(s: &S, c: &Claim, by: &str, outcome: TaskOutcome, handoff: &Handoff) -> FinishResult {
-    s.finish_and_hand_off(c.task_run_id, c.token, &worker(by), outcome, handoff, None)
+    s.finish_and_hand_off(c.task_run_id, c.token, &worker(by), outcome, handoff, Handover::Sweep)
         .await
         .expect("finish_and_hand_off")
         .result
@@ -238,19 +238,52 @@ pub async fn a_handoff_leaves_what_else_holds_back_to_the_pass<F: StoreFactory>(
     p.commit().await.expect("commit");
 }
 
-/// Hands `c`'s success on to `b` holding its dispatch for `hold`; returns
-/// what the store held.
-async fn hand_off_held<S: Store>(s: &S, c: &Claim, hold: Duration) -> Finished {
+/// Hands `c`'s success on to `b`, whose dispatch `handover` gives to the
+/// caller; returns what the store handed back.
+async fn hand_b_on<S: Store>(s: &S, c: &Claim, handover: Handover) -> Finished {
     s.finish_and_hand_off(
         c.task_run_id,
         c.token,
         &worker("w"),
         succeeded(json!({})),
         &naming(&["b"], true),
-        Some(hold),
+        handover,
     )
     .await
     .expect("finish_and_hand_off")
+}
+
+/// Asserts the success was recorded and handed back exactly `b`'s
+/// dispatch, `b` now ready; returns it.
+async fn b_handed_back<S: Store>(s: &S, run: RunId, finished: &Finished) -> Dispatch {
+    assert_eq!(finished.result, FinishResult::Recorded(TaskRunState::Succeeded));
+    let b = view(s, run, "b").await;
+    assert_eq!(b.state, TaskRunState::Ready);
+    let [handed] = finished.held.as_slice() else {
+        panic!("b's dispatch is handed back: {:?}", finished.held);
+    };
+    assert_eq!(
+        (
+            handed.task_run_id,
+            handed.run_id,
+            handed.task_key.as_str(),
+            handed.task_type.as_str(),
+            handed.fencing_token
+        ),
+        (b.id, run, "b", "echo", b.token)
+    );
+    handed.clone()
+}
+
+/// A finish whose lease was reaped hands `b` on with `handover` and gets
+/// nothing back: stale, `b` still pending.
+async fn a_stale_finish_hands_back_nothing<S: Store>(s: &S, clock: &ManualClock, handover: Handover) {
+    let (run, c) = running_chain(s).await;
+    clock.advance(LONG + Duration::from_secs(1));
+    assert_eq!(s.reap_expired_leases(Scope::All, 10).await.expect("reap").len(), 1);
+    let stale = hand_b_on(s, &c, handover).await;
+    assert_eq!((stale.result, stale.held.len()), (FinishResult::Stale, 0));
+    assert_eq!(view(s, run, "b").await.state, TaskRunState::Pending);
 }
 
 /// A finish that holds its dispatches
@@ -261,23 +294,8 @@ pub async fn held_dispatches_are_swept_once_their_hold_is_over<F: StoreFactory>(
     let (s, clock) = fresh(factory).await;
     let hold = Duration::from_secs(60);
     let (run, c) = running_chain(&s).await;
-    let finished = hand_off_held(&s, &c, hold).await;
-    assert_eq!(finished.result, FinishResult::Recorded(TaskRunState::Succeeded));
-    let b = view(&s, run, "b").await;
-    assert_eq!(b.state, TaskRunState::Ready);
-    let [held] = finished.held.as_slice() else {
-        panic!("b's dispatch is held: {:?}", finished.held);
-    };
-    assert_eq!(
-        (
-            held.task_run_id,
-            held.run_id,
-            held.task_key.as_str(),
-            held.fencing_token
-        ),
-        (b.id, run, "b", b.token)
-    );
-    assert_eq!(held.task_type, "echo");
+    let finished = hand_b_on(&s, &c, Handover::Held(hold)).await;
+    let held = b_handed_back(&s, run, &finished).await;
     assert!(dispatches_of(&s, run, "b").await.is_empty(), "held from the sweep");
     let until = s
         .held_for(Scope::Run(run))
@@ -306,26 +324,10 @@ pub async fn held_dispatches_are_swept_once_their_hold_is_over<F: StoreFactory>(
         [held.dispatch_id]
     );
 
-    // A stale finish holds nothing; a finish without a hold returns none.
-    let (run, c) = running_chain(&s).await;
-    clock.advance(LONG + Duration::from_secs(1));
-    assert_eq!(s.reap_expired_leases(Scope::All, 10).await.expect("reap").len(), 1);
-    let stale = hand_off_held(&s, &c, hold).await;
-    assert_eq!((stale.result, stale.held.len()), (FinishResult::Stale, 0));
-    assert_eq!(view(&s, run, "b").await.state, TaskRunState::Pending);
+    // A stale finish holds nothing; a finish left to the sweep returns none.
+    a_stale_finish_hands_back_nothing(&s, &clock, Handover::Held(hold)).await;
     let (_, c) = running_chain(&s).await;
-    let unheld = s
-        .finish_and_hand_off(
-            c.task_run_id,
-            c.token,
-            &worker("w"),
-            succeeded(json!({})),
-            &naming(&["b"], true),
-            None,
-        )
-        .await
-        .expect("finish_and_hand_off");
-    assert!(unheld.held.is_empty());
+    assert!(hand_b_on(&s, &c, Handover::Sweep).await.held.is_empty());
 }
 
 /// Settling held rows marks the published ones, which no sweep publishes
@@ -335,9 +337,9 @@ pub async fn settling_held_dispatches_marks_or_releases_them<F: StoreFactory>(fa
     let (s, _) = fresh(factory).await;
     let hold = Duration::from_secs(60);
     let (published_run, c) = running_chain(&s).await;
-    let published = hand_off_held(&s, &c, hold).await.held;
+    let published = hand_b_on(&s, &c, Handover::Held(hold)).await.held;
     let (released_run, c) = running_chain(&s).await;
-    let released = hand_off_held(&s, &c, hold).await.held;
+    let released = hand_b_on(&s, &c, Handover::Held(hold)).await.held;
     assert_eq!((published.len(), released.len()), (1, 1));
     let notifier = s.notifier().await.expect("notifier");
     s.settle_held(&[published[0].dispatch_id], &[released[0].dispatch_id])
@@ -361,4 +363,45 @@ pub async fn settling_held_dispatches_marks_or_releases_them<F: StoreFactory>(fa
         .expect("settle_held");
     assert!(dispatches_of(&s, published_run, "b").await.is_empty());
     s.settle_held(&[], &[]).await.expect("nothing to settle");
+}
+
+/// A finish whose caller pushes its dispatches into a queue that dies with
+/// its process (docs/design/outbox-and-queues.md#publish-after-commit)
+/// returns them committed published: no sweep takes them and nothing is
+/// held. If the process dies before the push, the next publisher's start
+/// re-arms them and the sweep delivers them. A stale finish pushes nothing.
+pub async fn pushed_dispatches_are_committed_published_and_rearmed_when_lost<F: StoreFactory>(factory: &F) {
+    let (s, clock) = fresh(factory).await;
+    let (run, c) = running_chain(&s).await;
+    let finished = hand_b_on(&s, &c, Handover::Pushed).await;
+    let pushed = b_handed_back(&s, run, &finished).await;
+    assert!(dispatches_of(&s, run, "b").await.is_empty(), "committed published");
+    assert_eq!(
+        s.held_for(Scope::Run(run)).await.expect("held_for"),
+        None,
+        "nothing is held"
+    );
+
+    // The process died before pushing it, and its queue with it: the next
+    // publisher's start re-arms it, waking the publisher, and the sweep
+    // takes it.
+    let notifier = s.notifier().await.expect("notifier");
+    assert_eq!(
+        s.rearm_lost_dispatches(Scope::Run(run), Duration::ZERO)
+            .await
+            .expect("rearm_lost_dispatches"),
+        1
+    );
+    assert!(woke(&notifier, Topic::Publisher).await, "a re-arm wakes the publisher");
+    assert_eq!(
+        dispatches_of(&s, run, "b")
+            .await
+            .iter()
+            .map(|d| d.dispatch_id)
+            .collect::<Vec<_>>(),
+        [pushed.dispatch_id]
+    );
+
+    // A stale finish pushes nothing.
+    a_stale_finish_hands_back_nothing(&s, &clock, Handover::Pushed).await;
 }

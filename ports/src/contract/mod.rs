@@ -147,6 +147,7 @@ macro_rules! store_contract_tests {
             a_handoff_leaves_what_else_holds_back_to_the_pass,
             held_dispatches_are_swept_once_their_hold_is_over,
             settling_held_dispatches_marks_or_releases_them,
+            pushed_dispatches_are_committed_published_and_rearmed_when_lost,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {

@@ -21,9 +21,9 @@ pub use schedules::{Fire, FireCounts, FireStart, FireView, Fired, NewSchedule, S
 pub use tokens::{NewToken, TokenError, TokenStatus, TokenStore, TokenView};
 pub use values::{
     Activity, CancelOutcome, Claim, DefinitionSummary, DependencyOutcomes, EventView, FinishResult, Finished,
-    GateCheck, Gauges, IdempotencyKey, KeyedStart, LeaseStatus, LockedRun, NewRun, PassTask, Published, Reaped,
-    RunCursor, RunDetail, RunQuery, RunSet, RunSummary, Scope, StartOptions, TaskInputs, TaskOutcome, TaskRunView,
-    Wait, WorkerInfo, WorkerRegistration, mark_blocked,
+    GateCheck, Gauges, Handover, IdempotencyKey, KeyedStart, LeaseStatus, LockedRun, NewRun, PassTask, Published,
+    Reaped, RunCursor, RunDetail, RunQuery, RunSet, RunSummary, Scope, StartOptions, TaskInputs, TaskOutcome,
+    TaskRunView, Wait, WorkerInfo, WorkerRegistration, mark_blocked,
 };
 
 use std::collections::BTreeSet;
@@ -295,7 +295,7 @@ pub trait RunStore: Send + Sync + 'static {
             whole: false,
         };
         async move {
-            self.finish_and_hand_off(id, token, worker, outcome, NOTHING, None)
+            self.finish_and_hand_off(id, token, worker, outcome, NOTHING, Handover::Sweep)
                 .await
                 .map(|finished| finished.result)
         }
@@ -309,14 +309,16 @@ pub trait RunStore: Send + Sync + 'static {
     /// woken. When `handoff.whole` and every one of them moved, the
     /// success is not flagged for a pass, which would find nothing to do.
     ///
-    /// With `hold`, the caller publishes the dispatches itself right after
-    /// the commit (docs/design/outbox-and-queues.md#publish-after-commit):
-    /// their outbox rows are held from the sweep for `hold` of store time,
-    /// returned in [`Finished::held`] with whether other rows wait for the
-    /// sweep ([`Finished::queued`]), and the publisher is not woken;
-    /// the caller then settles them with [`OutboxStore::settle_held`]. A
-    /// caller that dies first loses nothing: once the hold is over, the
-    /// sweep publishes them.
+    /// `handover` says who publishes the dispatches
+    /// (docs/design/outbox-and-queues.md#publish-after-commit). With
+    /// [`Handover::Held`], their outbox rows are held from the sweep that
+    /// long of store time, returned in [`Finished::held`] with whether
+    /// other rows wait for the sweep ([`Finished::queued`]), and the
+    /// publisher is not woken; the caller then settles them with
+    /// [`OutboxStore::settle_held`]. A caller that dies first loses
+    /// nothing: once the hold is over, the sweep publishes them. With
+    /// [`Handover::Pushed`], the rows are committed published and returned
+    /// in [`Finished::held`], and the publisher is not woken.
     ///
     /// Contract: only a recorded success hands on; a stale or duplicate
     /// finish, a failure or a cancel promotes nothing. The rows and events
@@ -328,7 +330,7 @@ pub trait RunStore: Send + Sync + 'static {
         worker: &WorkerId,
         outcome: TaskOutcome,
         handoff: &Handoff,
-        hold: Option<Duration>,
+        handover: Handover,
     ) -> impl Future<Output = Result<Finished, Error>> + Send;
 
     /// The generic path for edges without a lease or side data:
@@ -659,7 +661,8 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// outlive its process took with it (`age` zero, when the next process
     /// starts), or that a broker lost (docs/design/outbox-and-queues.md#lost-dispatches).
     /// Publishing such a row again is always safe: a dispatch whose task
-    /// run was claimed meanwhile claims nothing.
+    /// run was claimed meanwhile claims nothing. Wakes the publisher when
+    /// it re-armed any.
     fn rearm_lost_dispatches(&self, scope: Scope, age: Duration) -> impl Future<Output = Result<u64, Error>> + Send;
 
     /// Settles rows a committer held for itself

@@ -200,19 +200,46 @@ pub enum FinishResult {
     Stale,
 }
 
+/// Who publishes the dispatches a success hands on
+/// ([`RunStore::finish_and_hand_off`](crate::RunStore::finish_and_hand_off),
+/// docs/design/outbox-and-queues.md#publish-after-commit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Handover {
+    /// The outbox sweep: the rows are left unpublished and the publisher
+    /// is woken.
+    #[default]
+    Sweep,
+    /// The caller, right after the commit, into a queue that outlives it:
+    /// the rows are held from the sweep for this long of store time and
+    /// returned; the caller settles them with
+    /// [`OutboxStore::settle_held`](crate::OutboxStore::settle_held) once
+    /// the queue has confirmed them. If it dies first, the sweep publishes
+    /// them when the hold is over.
+    Held(Duration),
+    /// The caller, right after the commit, into a queue that dies with its
+    /// process ([`DispatchPublisher::durable`](crate::DispatchPublisher::durable)
+    /// is false): the rows are committed already published and returned,
+    /// so nothing is left to settle. A process that dies before pushing
+    /// them loses them with its queue, and the next publisher's start
+    /// re-arms them
+    /// ([`OutboxStore::rearm_lost_dispatches`](crate::OutboxStore::rearm_lost_dispatches)),
+    /// as it does every dispatch that queue held.
+    Pushed,
+}
+
 /// What [`RunStore::finish_and_hand_off`](crate::RunStore::finish_and_hand_off)
 /// stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finished {
     /// The outcome's fate.
     pub result: FinishResult,
-    /// The dispatches of the dependents it made ready, held from the
-    /// outbox sweep for the caller to publish right after the commit
-    /// (docs/design/outbox-and-queues.md#publish-after-commit); empty unless
-    /// the caller asked to hold them.
+    /// The dispatches of the dependents it made ready, for the caller to
+    /// publish right after the commit
+    /// (docs/design/outbox-and-queues.md#publish-after-commit); empty with
+    /// [`Handover::Sweep`].
     pub held: Vec<crate::queue::Dispatch>,
     /// Whether other rows were waiting for the sweep when it committed
-    /// (reported only with a hold): a caller keeping to the queue's window
+    /// (reported only with [`Handover::Held`]): a caller keeping to the queue's window
     /// then leaves its rows to the sweep, which publishes the backlog in
     /// priority order (docs/design/priorities.md#the-broker-window).
     pub queued: bool,

@@ -20,8 +20,8 @@ use flowforge_app::after_commit::AfterCommit;
 use flowforge_app::publisher::{OutboxPublisher, PublisherConfig, SweepReport};
 use flowforge_domain::plan::Handoff;
 use flowforge_ports::{
-    Claim, DefinitionStore, Dispatch, DispatchId, DispatchPublisher, OutboxStore, OutboxSweep, RunStore, Scope,
-    TaskOutcome, WorkerId, queue,
+    Claim, DefinitionStore, Dispatch, DispatchId, DispatchPublisher, Handover, OutboxStore, OutboxSweep, RunStore,
+    Scope, TaskOutcome, WorkerId, queue,
 };
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
@@ -411,7 +411,7 @@ async fn hand_b_on(store: &PgStore, a: &Claim, hold: Duration) -> Vec<Dispatch> 
                 dependents: vec!["b".into()],
                 whole: true,
             },
-            Some(hold),
+            Handover::Held(hold),
         )
         .await
         .expect("finish_and_hand_off");
@@ -439,7 +439,7 @@ async fn a_handoff_is_published_right_after_its_commit_and_marked() {
         RabbitPublisher::new(broker.config()).expect("a valid config"),
         Duration::from_secs(3600),
     );
-    after_commit.hand(held.clone(), false);
+    after_commit.hand(held.clone(), false).await;
     drop(after_commit);
     within("the after-commit publisher", publishing)
         .await

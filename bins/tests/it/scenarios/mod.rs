@@ -60,8 +60,9 @@ fn database_in(dir: &TempDir) -> String {
 }
 
 /// Builds a scenario: a fresh database file, a [`ManualClock`], a long
-/// lease and two worker slots, then whatever `configure` adds (handlers,
-/// observers, another lease).
+/// lease, two worker slots and every dispatch left to the sweep (the
+/// scenarios step each loop by hand), then whatever `configure` adds
+/// (handlers, observers, another lease).
 pub(crate) async fn scenario(configure: impl FnOnce(EmbeddedBuilder) -> EmbeddedBuilder) -> Scenario {
     let dir = tempfile::tempdir().expect("a temp folder");
     let clock = Arc::new(ManualClock::default());
@@ -69,7 +70,8 @@ pub(crate) async fn scenario(configure: impl FnOnce(EmbeddedBuilder) -> Embedded
         .database(database_in(&dir))
         .clock(clock.clone())
         .lease(LONG_LEASE)
-        .concurrency(2);
+        .concurrency(2)
+        .push_after_commit(false);
     let engine = configure(builder).build().await.expect("the engine builds");
     Scenario {
         engine: Arc::new(engine),
