@@ -8,6 +8,9 @@
 //! once its hold is over. Into a queue that dies with the process, they are
 //! committed published and pushed: there is nothing to settle, and what a
 //! dead process did not push is re-armed by the next publisher's start.
+//! A dispatch the finishing slot keeps for itself
+//! (docs/design/outbox-and-queues.md#continuing-a-chain) is not published at
+//! all: a held one is settled published once the slot has claimed it.
 
 use std::cmp::Reverse;
 use std::future::Future;
@@ -92,6 +95,9 @@ struct Handed {
     /// Other rows were waiting for the sweep at the commit.
     queued: bool,
     at: Instant,
+    /// The dispatches were claimed in this process: settle them published
+    /// without publishing them.
+    kept: bool,
 }
 
 /// The publishing loop behind [`AfterCommit`].
@@ -159,6 +165,7 @@ impl AfterCommit {
                     dispatches,
                     queued,
                     at: Instant::now(),
+                    kept: false,
                 };
                 if sender.send(handed).is_err() {
                     tracing::debug!("the after-commit publisher has stopped; the sweep publishes these dispatches");
@@ -174,6 +181,27 @@ impl AfterCommit {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+impl AfterCommit {
+    /// Settles a dispatch its finishing slot kept and then claimed itself
+    /// (or found claimed or cancelled already): nobody publishes it. A held
+    /// row is marked published; a pushed one was committed published. If
+    /// the forwarding loop has ended, the sweep publishes it once its hold
+    /// is over, and that duplicate claims nothing.
+    pub fn kept(&self, dispatch: Dispatch) {
+        if let How::Forward { sender, .. } = &self.how {
+            let handed = Handed {
+                dispatches: vec![dispatch],
+                queued: false,
+                at: Instant::now(),
+                kept: true,
+            };
+            if sender.send(handed).is_err() {
+                tracing::debug!("the after-commit publisher has stopped; the sweep's copy of a kept dispatch is stale");
             }
         }
     }
@@ -208,15 +236,23 @@ impl<S: OutboxStore, P: DispatchPublisher> Forwarder<S, P> {
     /// Publishes what may go now and settles every row: a failure never
     /// loses one, it only leaves it to the sweep.
     async fn publish(&self, batch: Vec<Handed>) {
-        let room = match self.queue.room().await {
-            Ok(room) => room,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot see the queue's room; leaving these dispatches to the sweep");
-                Some(0)
+        let (kept, batch): (Vec<Handed>, Vec<Handed>) = batch.into_iter().partition(|h| h.kept);
+        let mut published: Vec<DispatchId> = kept
+            .iter()
+            .flat_map(|h| h.dispatches.iter().map(|d| d.dispatch_id))
+            .collect();
+        let room = if batch.is_empty() {
+            None
+        } else {
+            match self.queue.room().await {
+                Ok(room) => room,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot see the queue's room; leaving these dispatches to the sweep");
+                    Some(0)
+                }
             }
         };
         let (now, mut released) = split(batch, room, self.hold / 2);
-        let mut published: Vec<DispatchId> = Vec::with_capacity(now.len());
         if !now.is_empty() {
             let mut results = self.queue.publish(&now).await.into_iter();
             for dispatch in &now {
@@ -295,6 +331,7 @@ mod tests {
             dispatches: ids.iter().map(|&(id, p)| dispatch(id, p)).collect(),
             queued,
             at: Instant::now() - ago,
+            kept: false,
         }
     }
 

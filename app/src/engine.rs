@@ -51,6 +51,11 @@ pub struct EngineConfig {
     /// leaves every dispatch to the outbox sweep, so a run can be stepped
     /// by hand: a scheduler pass, a sweep, one delivery at a time.
     pub push_after_commit: bool,
+    /// How many tasks in a row a worker slot runs straight from its own
+    /// finishes before it takes from the queue again
+    /// (docs/design/outbox-and-queues.md#continuing-a-chain); 0 never.
+    /// Only with `push_after_commit`.
+    pub chain_hops: u32,
 }
 
 impl Default for EngineConfig {
@@ -63,6 +68,7 @@ impl Default for EngineConfig {
             stop_grace: Duration::from_secs(5),
             priority_aging: flowforge_ports::store::DEFAULT_PRIORITY_AGING,
             push_after_commit: true,
+            chain_hops: crate::worker::DEFAULT_CHAIN_HOPS,
         }
     }
 }
@@ -243,6 +249,7 @@ where
         worker_config.lease = config.lease;
         worker_config.limits = config.limits;
         worker_config.stop_grace = config.stop_grace;
+        worker_config.chain_hops = config.chain_hops;
         // An in-process queue takes a finish's dispatches straight from the
         // finishing slot, so a chain's hop waits for no sweep
         // (docs/design/outbox-and-queues.md#publish-after-commit); a broker's

@@ -3,6 +3,7 @@
 //! timeout while heartbeating the lease, store the outcome with the token,
 //! and only then acknowledge.
 
+use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -70,7 +71,17 @@ pub struct WorkerConfig {
     /// commit (docs/design/outbox-and-queues.md#publish-after-commit);
     /// without it they wait for the outbox publisher's sweep.
     pub after_commit: Option<AfterCommit>,
+    /// How many tasks in a row a slot runs straight from its own finishes
+    /// (docs/design/outbox-and-queues.md#continuing-a-chain) before it
+    /// takes its next dispatch from the queue again; 0 never. Needs
+    /// `after_commit`.
+    pub chain_hops: u32,
 }
+
+/// A slot's default [`WorkerConfig::chain_hops`]: long enough that a chain
+/// rarely crosses the queue, short enough that work queued behind a slot's
+/// chain waits for a few tasks at most.
+pub const DEFAULT_CHAIN_HOPS: u32 = 16;
 
 impl WorkerConfig {
     /// A config with the default lease
@@ -85,6 +96,7 @@ impl WorkerConfig {
             limits: Limits::default(),
             max_task_timeout: None,
             after_commit: None,
+            chain_hops: DEFAULT_CHAIN_HOPS,
         }
     }
 }
@@ -103,6 +115,21 @@ pub enum Handled {
     /// This worker has no handler for the dispatch's task type: returned
     /// to the queue unclaimed, for a worker that serves it.
     NotServed,
+}
+
+/// The span of one dispatch's handling: `dispatch_token` is what its claim
+/// must match; `token` and `attempt` are the attempt's own, once claimed;
+/// `kept` says it came from the slot's own finish, not the queue.
+fn task_span(d: &Dispatch, kept: bool) -> tracing::Span {
+    tracing::info_span!(
+        "task",
+        run_id = %d.run_id,
+        task_key = %d.task_key,
+        dispatch_token = d.fencing_token,
+        attempt = tracing::field::Empty,
+        token = tracing::field::Empty,
+        kept,
+    )
 }
 
 /// How an attempt ended, before it is stored.
@@ -289,7 +316,9 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 match next {
                     Ok(Some(delivery)) => {
                         failures = 0;
-                        if let Err(e) = self.handle(delivery).await {
+                        let (handled, kept) = self.handle_delivery(delivery, self.config.chain_hops > 0).await;
+                        self.continue_chain(kept, &shutdown).await;
+                        if let Err(e) = handled {
                             // The outcome is stored but the ack failed: drop the
                             // consumer (closing its channel) so the broker
                             // requeues; the redelivery is acked without running.
@@ -312,21 +341,83 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
         }
     }
 
-    /// Handles one delivery end to end. `Err` only when the final ack or
+    /// Handles one delivery end to end; what its success makes ready is
+    /// published, none of it run here. `Err` only when the final ack or
     /// nack failed (the caller tears the connection down).
     pub async fn handle<D: Delivery>(&self, delivery: D) -> Result<Handled, queue::Error> {
-        let d: Dispatch = delivery.dispatch().clone();
-        // `dispatch_token` is what a claim must match; `token` and `attempt`
-        // are the attempt's own, once claimed.
-        let span = tracing::info_span!(
-            "task",
-            run_id = %d.run_id,
-            task_key = %d.task_key,
-            dispatch_token = d.fencing_token,
-            attempt = tracing::field::Empty,
-            token = tracing::field::Empty,
-        );
+        self.handle_delivery(delivery, false).await.0
+    }
+
+    /// Runs what its own finishes kept for the slot
+    /// (docs/design/outbox-and-queues.md#continuing-a-chain), one task
+    /// after the other, each claimed at the token its dispatch carries as
+    /// if it had come from the queue. After [`WorkerConfig::chain_hops`]
+    /// tasks, or once the worker is stopping, what the last one kept is
+    /// handed to the queue instead.
+    async fn continue_chain(&self, mut kept: Option<Dispatch>, shutdown: &CancellationToken) {
+        let Some(after_commit) = self.config.after_commit.as_ref() else {
+            return;
+        };
+        let mut hops = 0;
+        while let Some(d) = kept.take() {
+            if shutdown.is_cancelled() {
+                after_commit.hand(vec![d], false).await;
+                return;
+            }
+            hops += 1;
+            kept = self.run_kept(d, after_commit, hops < self.config.chain_hops).await;
+        }
+    }
+
+    /// Claims and runs one dispatch a finish kept, returning what its own
+    /// finish kept in turn.
+    async fn run_kept(&self, d: Dispatch, after_commit: &AfterCommit, may_keep: bool) -> Option<Dispatch> {
+        let span = task_span(&d, true);
         async move {
+            let asked = Instant::now();
+            match self
+                .store
+                .claim_task_run(d.task_run_id, d.fencing_token, &self.config.id, self.config.lease)
+                .await
+            {
+                Ok(Some(claim)) => {
+                    after_commit.kept(d.clone());
+                    let (finished, kept) = self.run_claimed(&d, &claim, asked, None, may_keep).await;
+                    if let Err(e) = finished {
+                        // No delivery to return: the row stays running until
+                        // the reaper takes its lease back and retries it.
+                        tracing::error!(error = %e, "storing the outcome failed; the reaper retries the task");
+                    }
+                    kept
+                }
+                Ok(None) => {
+                    // Cancelled or reaped since: its dispatch would be stale.
+                    tracing::debug!("not ready at this token any more; not running it");
+                    after_commit.kept(d);
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "claim failed; handing the dispatch to the queue");
+                    after_commit.hand(vec![d], false).await;
+                    None
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// [`Worker::handle`], keeping for the slot, when `may_keep`, one of the
+    /// dispatches its success makes ready.
+    async fn handle_delivery<D: Delivery>(
+        &self,
+        delivery: D,
+        may_keep: bool,
+    ) -> (Result<Handled, queue::Error>, Option<Dispatch>) {
+        let d: Dispatch = delivery.dispatch().clone();
+        let span = task_span(&d, false);
+        let mut kept = None;
+        let handled = async {
             // Claiming would spend the attempt on a worker that cannot run
             // it; on a queue shared with workers that serve more types, the
             // dispatch belongs to one of them.
@@ -371,34 +462,12 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                     return Ok(Handled::Requeued);
                 }
             };
-            tracing::Span::current()
-                .record("attempt", claim.attempt)
-                .record("token", claim.token);
-            crate::metrics::slot_busy(1.0);
-            if let Some(ready_at) = d.ready_at {
-                // Both ends in store time: the lease was stamped at the claim.
-                let lease = chrono::TimeDelta::from_std(self.config.lease).unwrap_or_default();
-                let claimed_at = claim.lease_expires_at - lease;
-                crate::metrics::scheduled(&d.task_type, (claimed_at - ready_at).to_std().unwrap_or_default());
-            }
-            // One span per attempt, in its run's trace
-            // (docs/design/server.md#traces).
-            let execute = tracing::info_span!(
-                "flowforge.task.execute",
-                run_id = %claim.run_id,
-                task_key = %claim.task_key,
-                attempt = claim.attempt,
-                token = claim.token,
-                worker = %self.config.id,
-            );
-            crate::telemetry::link(&execute, claim.run_id, delivery.trace_parent());
-            let (outcome, event) = self.attempt(&claim, asked).instrument(execute.clone()).await;
-            let finished = self.finish(&claim, outcome).instrument(execute).await;
-            crate::metrics::slot_busy(-1.0);
+            let (finished, next) = self
+                .run_claimed(&d, &claim, asked, delivery.trace_parent(), may_keep)
+                .await;
+            kept = next;
             match finished {
                 Ok(result) => {
-                    crate::metrics::attempt_finished(&d.task_type, result, asked.elapsed());
-                    self.report(result, event);
                     delivery.ack().await?;
                     Ok(Handled::Finished(result))
                 }
@@ -413,7 +482,53 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             }
         }
         .instrument(span)
-        .await
+        .await;
+        (handled, kept)
+    }
+
+    /// Runs a claimed attempt of dispatch `d` and stores its outcome,
+    /// returning it with the dispatch its success kept for this slot, if
+    /// any.
+    async fn run_claimed(
+        &self,
+        d: &Dispatch,
+        claim: &Claim,
+        asked: Instant,
+        trace_parent: Option<&str>,
+        may_keep: bool,
+    ) -> (Result<FinishResult, store::Error>, Option<Dispatch>) {
+        tracing::Span::current()
+            .record("attempt", claim.attempt)
+            .record("token", claim.token);
+        crate::metrics::slot_busy(1.0);
+        if let Some(ready_at) = d.ready_at {
+            // Both ends in store time: the lease was stamped at the claim.
+            let lease = chrono::TimeDelta::from_std(self.config.lease).unwrap_or_default();
+            let claimed_at = claim.lease_expires_at - lease;
+            crate::metrics::scheduled(&d.task_type, (claimed_at - ready_at).to_std().unwrap_or_default());
+        }
+        // One span per attempt, in its run's trace
+        // (docs/design/server.md#traces).
+        let execute = tracing::info_span!(
+            "flowforge.task.execute",
+            run_id = %claim.run_id,
+            task_key = %claim.task_key,
+            attempt = claim.attempt,
+            token = claim.token,
+            worker = %self.config.id,
+        );
+        crate::telemetry::link(&execute, claim.run_id, trace_parent);
+        let (outcome, event) = self.attempt(claim, asked).instrument(execute.clone()).await;
+        let finished = self.finish(claim, outcome, may_keep).instrument(execute).await;
+        crate::metrics::slot_busy(-1.0);
+        match finished {
+            Ok((result, kept)) => {
+                crate::metrics::attempt_finished(&d.task_type, result, asked.elapsed());
+                self.report(result, event);
+                (Ok(result), kept)
+            }
+            Err(e) => (Err(e), None),
+        }
     }
 
     /// Stores the outcome, retrying while the store is unreachable for up
@@ -421,8 +536,15 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
     /// not cost the work, which a requeue would (the redelivery finds the
     /// row still running, so the task waits for the reaper and runs
     /// again). Retrying is safe at any time, since the token decides: once
-    /// the lease has been reaped, the finish is `Stale`.
-    async fn finish(&self, claim: &Claim, outcome: TaskOutcome) -> Result<FinishResult, store::Error> {
+    /// the lease has been reaped, the finish is `Stale`. With `may_keep`,
+    /// one of the dispatches the success hands over is kept for this slot
+    /// instead ([`Worker::keep`]).
+    async fn finish(
+        &self,
+        claim: &Claim,
+        outcome: TaskOutcome,
+        may_keep: bool,
+    ) -> Result<(FinishResult, Option<Dispatch>), store::Error> {
         let handoff = self.handoff(claim, &outcome).await;
         let after_commit = self.config.after_commit.as_ref();
         let handover = after_commit.map_or(Handover::Sweep, |a| a.handover_for(&handoff));
@@ -453,16 +575,38 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                         self.rearm_unpushed(claim).await;
                     }
                     // Rows come back only when the handover is ours.
+                    let mut handed = finished.held;
+                    let kept = if may_keep && !finished.queued {
+                        self.keep(&mut handed)
+                    } else {
+                        None
+                    };
                     if let Some(after_commit) = after_commit
-                        && !finished.held.is_empty()
+                        && !handed.is_empty()
                     {
-                        after_commit.hand(finished.held, finished.queued).await;
+                        after_commit.hand(handed, finished.queued).await;
                     }
-                    return Ok(finished.result);
+                    return Ok((finished.result, kept));
                 }
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Takes from `handed` the dispatch this slot runs next
+    /// (docs/design/outbox-and-queues.md#continuing-a-chain): the most
+    /// urgent one of a type served here, as the queue would order them.
+    /// The caller keeps nothing when other rows wait for the sweep: a
+    /// backlog goes out in priority order, and a kept dispatch would jump
+    /// it.
+    fn keep(&self, handed: &mut Vec<Dispatch>) -> Option<Dispatch> {
+        let at = handed
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| self.registry.contains(&d.task_type))
+            .min_by_key(|(_, d)| (Reverse(d.priority), d.dispatch_id.0))
+            .map(|(at, _)| at)?;
+        Some(handed.remove(at))
     }
 
     /// A finish that failed to answer may still have committed, writing

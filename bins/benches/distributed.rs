@@ -232,9 +232,10 @@ async fn bench_chain<N: Notifier>(b: &Bench<N>, db: &BenchDb, procs: &mut Proces
              finish hands it on in its own statement, docs/design/scheduler.md#handoff; else the NOTIFY, the \
              scheduler's wake-up and its pass up to the promotion); → the dispatch marked published (the commit, \
              then the worker's own publish + confirm and settle_held, \
-             docs/design/outbox-and-queues.md#publish-after-commit; else the NOTIFY, publisher wake-up, sweep, \
-             publish + confirm) {:.3} ms; → the claim (broker delivery, worker; the mark may land after it) \
-             {:.3} ms.",
+             docs/design/outbox-and-queues.md#publish-after-commit; for a dispatch the finishing slot kept, \
+             docs/design/outbox-and-queues.md#continuing-a-chain, the settle after its claim; else the NOTIFY, \
+             publisher wake-up, sweep, publish + confirm) {:.3} ms; → the claim (broker delivery, worker; the mark \
+             may land after it, and a kept dispatch's always does) {:.3} ms.",
             hops.len(),
             median(&to_promotion),
             median(&to_published),

@@ -40,7 +40,10 @@ impl Observer for Stamps {
 }
 
 async fn engine(dir: &tempfile::TempDir, stamps: Option<Arc<Stamps>>) -> EmbeddedEngine {
-    let cpus = std::thread::available_parallelism().map_or(2, usize::from);
+    let cpus = support::env_number(
+        "BENCH_EMBEDDED_CONCURRENCY",
+        std::thread::available_parallelism().map_or(2, |n| n.get() as u64),
+    ) as usize;
     let url = format!("sqlite://{}", dir.path().join("bench.db").display());
     let mut builder = Embedded::builder().database(url).concurrency(cpus);
     if let Some(s) = stamps {

@@ -212,6 +212,14 @@ impl EmbeddedBuilder {
         self
     }
 
+    /// How many tasks in a row a worker slot runs straight from its own
+    /// finishes before it takes from the queue again; 0 never
+    /// ([`EngineConfig::chain_hops`]).
+    pub fn chain_hops(mut self, hops: u32) -> Self {
+        self.config.chain_hops = hops;
+        self
+    }
+
     /// Shifts store time (tests move leases and retries without sleeping).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;

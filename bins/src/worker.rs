@@ -14,7 +14,7 @@ use flowforge_app::after_commit::{self, AfterCommit, DEFAULT_HOLD};
 use flowforge_app::cache::DefinitionCache;
 use flowforge_app::observers::Observers;
 use flowforge_app::process::run_registered;
-use flowforge_app::worker::{Worker as EngineWorker, WorkerConfig};
+use flowforge_app::worker::{DEFAULT_CHAIN_HOPS, Worker as EngineWorker, WorkerConfig};
 use flowforge_app::{BuiltinOptions, HandlerRegistry};
 use flowforge_domain::limits::Limits;
 use flowforge_ports::store::WorkerRegistration;
@@ -59,6 +59,7 @@ impl Worker {
             id: None,
             pg: PgOptions::default(),
             window: DispatchWindow::default(),
+            chain_hops: DEFAULT_CHAIN_HOPS,
         }
     }
 }
@@ -78,6 +79,7 @@ pub struct WorkerBuilder {
     id: Option<WorkerId>,
     pg: PgOptions,
     window: DispatchWindow,
+    chain_hops: u32,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -147,6 +149,14 @@ impl WorkerBuilder {
     /// docs/design/outbox-and-queues.md#publish-after-commit).
     pub fn dispatch_window(mut self, window: DispatchWindow) -> Self {
         self.window = window;
+        self
+    }
+
+    /// How many tasks in a row a slot runs straight from its own finishes
+    /// before it takes from the queue again (`--chain-hops`; default 16; 0
+    /// never; docs/design/outbox-and-queues.md#continuing-a-chain).
+    pub fn chain_hops(mut self, hops: u32) -> Self {
+        self.chain_hops = hops;
         self
     }
 
@@ -232,6 +242,7 @@ impl WorkerBuilder {
         config.stop_grace = self.stop_grace;
         config.limits = self.limits;
         config.max_task_timeout = Some(max_task_timeout);
+        config.chain_hops = self.chain_hops;
         let (after_commit, publishing) = AfterCommit::start(store.clone(), publisher, DEFAULT_HOLD);
         config.after_commit = Some(after_commit);
         let registration = WorkerRegistration {

@@ -221,13 +221,37 @@ impl flowforge_ports::Observer for Succeeded {
     }
 }
 
-/// The embedded worker pushes the dispatches its finish hands on into its
-/// in-process queue itself, committed published
-/// (docs/design/outbox-and-queues.md#publish-after-commit): once the first
-/// task is dispatched, a chain runs to its end with no outbox publisher
-/// running, and leaves nothing for a sweep.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_embedded_worker_hands_a_chain_on_without_a_sweep() {
+/// The in-process queue, counting the dispatches published into it.
+#[derive(Clone)]
+struct Counting {
+    queue: flowforge_adapters_inproc::InprocQueue,
+    published: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl flowforge_ports::DispatchPublisher for Counting {
+    async fn publish(&self, batch: &[flowforge_ports::Dispatch]) -> Vec<Result<(), flowforge_ports::queue::Error>> {
+        self.published.fetch_add(batch.len(), Ordering::SeqCst);
+        self.queue.publish(batch).await
+    }
+
+    fn durable(&self) -> bool {
+        false
+    }
+}
+
+impl flowforge_ports::DispatchQueue for Counting {
+    type Consumer = <flowforge_adapters_inproc::InprocQueue as flowforge_ports::DispatchQueue>::Consumer;
+
+    async fn consumer(&self) -> Result<Self::Consumer, flowforge_ports::queue::Error> {
+        self.queue.consumer().await
+    }
+}
+
+/// Runs the chain a → b → c on an engine whose worker slot continues
+/// chains for `chain_hops` tasks, with only the worker running once the
+/// run's root is dispatched, and returns how many dispatches went into the
+/// queue in all (the root's included).
+async fn chain_dispatches(chain_hops: u32) -> usize {
     use flowforge_ports::{OutboxStore, RunStore, Scope};
 
     let store = store().await;
@@ -236,13 +260,18 @@ async fn the_embedded_worker_hands_a_chain_on_without_a_sweep() {
         key: "c",
         done: Arc::clone(&done),
     });
+    let queue = Counting {
+        queue: flowforge_adapters_inproc::InprocQueue::new(),
+        published: Arc::default(),
+    };
     let engine = flowforge_app::Engine::new(
         store.clone(),
-        flowforge_adapters_inproc::InprocQueue::new(),
+        queue.clone(),
         adding(),
         vec![observer],
         flowforge_app::EngineConfig {
-            concurrency: 2,
+            concurrency: 1,
+            chain_hops,
             ..flowforge_app::EngineConfig::default()
         },
     );
@@ -251,9 +280,9 @@ async fn the_embedded_worker_hands_a_chain_on_without_a_sweep() {
         {"key": "b", "task_type": "add", "depends_on": ["a"]},
         {"key": "c", "task_type": "add", "depends_on": ["b"]}
     ]}));
-    let published = engine.publish(&def).await.unwrap();
-    let run = engine.start(published.id, json!({"n": 1})).await.unwrap();
-    let first = engine.publisher(Scope::Run(run)).publish_once().await.unwrap();
+    let published = engine.publish(&def).await.expect("published");
+    let run = engine.start(published.id, json!({"n": 1})).await.expect("started");
+    let first = engine.publisher(Scope::Run(run)).publish_once().await.expect("swept");
     assert_eq!(
         first.published, 1,
         "the run's start dispatches its root through the sweep"
@@ -265,16 +294,40 @@ async fn the_embedded_worker_hands_a_chain_on_without_a_sweep() {
         .await
         .expect("b and c are handed on by the worker alone");
     shutdown.cancel();
-    worker.await.unwrap().unwrap();
+    worker.await.expect("no panic").expect("a clean stop");
     assert!(
         store
             .begin_sweep(Scope::Run(run), 10, flowforge_ports::store::DEFAULT_PRIORITY_AGING)
             .await
-            .unwrap()
+            .expect("a sweep")
             .is_none(),
         "every dispatch was committed published"
     );
-    let c = store.get_run(run).await.unwrap().unwrap();
-    let c = c.tasks.iter().find(|t| t.key == "c").unwrap();
+    let c = store.get_run(run).await.expect("read").expect("the run");
+    let c = c.tasks.iter().find(|t| t.key == "c").expect("task c");
     assert_eq!(c.output, Some(json!({"n": 4})));
+    queue.published.load(Ordering::SeqCst)
+}
+
+/// The embedded worker pushes the dispatches its finish hands on into its
+/// in-process queue itself, committed published
+/// (docs/design/outbox-and-queues.md#publish-after-commit): once the first
+/// task is dispatched, a chain runs to its end with no outbox publisher
+/// running, and leaves nothing for a sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_worker_hands_a_chain_on_without_a_sweep() {
+    assert_eq!(chain_dispatches(0).await, 3, "b and c go through the queue");
+}
+
+/// A slot runs the task its finish made ready itself, without the queue
+/// (docs/design/outbox-and-queues.md#continuing-a-chain), for up to
+/// `chain_hops` tasks in a row; then the queue takes the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_continues_a_chain_without_the_queue_for_its_hops() {
+    assert_eq!(chain_dispatches(16).await, 1, "only the root went through the queue");
+    assert_eq!(
+        chain_dispatches(1).await,
+        2,
+        "after one kept task, c goes through the queue"
+    );
 }

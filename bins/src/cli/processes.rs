@@ -12,7 +12,7 @@ use flowforge_app::cache::DefinitionCache;
 use flowforge_app::process::run_registered;
 use flowforge_app::publisher::{OutboxPublisher, PublisherConfig};
 use flowforge_app::scheduler::{DEFAULT_PASS_SPACING, Scheduler, SchedulerConfig};
-use flowforge_app::worker::{Worker, WorkerConfig};
+use flowforge_app::worker::{DEFAULT_CHAIN_HOPS, Worker, WorkerConfig};
 use flowforge_ports::store::WorkerRegistration;
 use flowforge_ports::{Store, WorkerId};
 use tokio_util::sync::CancellationToken;
@@ -142,6 +142,16 @@ pub(crate) struct WorkerArgs {
     /// Concurrency slots (one consumer with prefetch 1 each; default: CPUs).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub(crate) concurrency: Option<u32>,
+    /// How many tasks in a row a slot runs straight from its own finishes
+    /// before it takes from the queue again; 0 never
+    /// (docs/design/outbox-and-queues.md#continuing-a-chain).
+    #[arg(
+        long,
+        env = "FLOWFORGE_CHAIN_HOPS",
+        default_value_t = DEFAULT_CHAIN_HOPS,
+        value_name = "N"
+    )]
+    pub(crate) chain_hops: u32,
     /// Allow `command` tasks, which run programs on this host. Off by
     /// default: a worker runs only what its operator allows.
     #[arg(long)]
@@ -292,6 +302,7 @@ async fn serve_worker<S: Store>(
     config.lease = global.lease();
     config.limits = global.limits();
     config.max_task_timeout = Some(max_task_timeout);
+    config.chain_hops = args.chain_hops;
     let (after_commit, publishing) = AfterCommit::start(store.clone(), publisher, DEFAULT_HOLD);
     config.after_commit = Some(after_commit);
     let registration = WorkerRegistration {
