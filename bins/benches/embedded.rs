@@ -2,7 +2,8 @@
 //! over SQLite (WAL, synchronous=NORMAL) and the in-process queue. Prints
 //! one JSON object per scenario; `cargo xtask bench` runs it and writes the
 //! figures down. Usage: `cargo bench -p flowforge-bins --bench embedded --
-//! [fanout|chain|chain40|concurrent|memory]...` (all when none given).
+//! [fanout|chain|chain40|concurrent|memory]...` (all when none given);
+//! `BENCH_EMBEDDED_CONCURRENCY` sets the worker slots (default: CPUs).
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 

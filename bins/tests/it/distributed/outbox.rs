@@ -7,7 +7,9 @@
 //! one; two publishers in parallel publish each row exactly once between them;
 //! a worker's handoff is published right after its commit, and swept once its
 //! hold is over when the worker died first
-//! (docs/design/outbox-and-queues.md#publish-after-commit).
+//! (docs/design/outbox-and-queues.md#publish-after-commit); one its
+//! finishing slot kept is settled published and never published
+//! (docs/design/outbox-and-queues.md#continuing-a-chain).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -494,4 +496,50 @@ async fn a_handoff_whose_worker_died_before_publishing_is_swept_once_its_hold_is
         .expect("joins")
         .expect("stops cleanly");
     assert!(outbox(&store).await.iter().all(|r| r.published));
+}
+
+/// A dispatch its finishing slot kept and claimed itself is settled
+/// published and never reaches the broker
+/// (docs/design/outbox-and-queues.md#continuing-a-chain); handed over
+/// beside it, another would still be published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_dispatch_is_settled_published_without_a_publish() {
+    let Some((_db, broker, store)) = setup("aftercommitkept").await else {
+        return;
+    };
+    broker.declared_queue().await;
+    let (_, a) = chain_with_a_claimed(&store, &broker, "after-commit-kept").await;
+    let held = hand_b_on(&store, &a, Duration::from_secs(3600)).await;
+
+    let (after_commit, publishing) = AfterCommit::start(
+        store.clone(),
+        RabbitPublisher::new(broker.config()).expect("a valid config"),
+        Duration::from_secs(3600),
+    );
+    after_commit.kept(held[0].clone());
+    drop(after_commit);
+    within("the after-commit publisher", publishing)
+        .await
+        .expect("it ends once its handles are gone");
+    assert!(broker.drain_dispatches().await.is_empty(), "nothing was published");
+    let b = outbox(&store)
+        .await
+        .into_iter()
+        .find(|r| r.dispatch.task_key == "b")
+        .expect("b's row");
+    assert!(b.published, "b's row is marked published");
+    assert_eq!(
+        store.held_for(Scope::All).await.expect("held_for"),
+        None,
+        "and held no more"
+    );
+    assert_eq!(
+        outbox_publisher(store.clone(), &broker)
+            .publish_once()
+            .await
+            .expect("a sweep")
+            .published,
+        0,
+        "so no sweep publishes it either"
+    );
 }
