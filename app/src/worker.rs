@@ -83,6 +83,14 @@ pub struct WorkerConfig {
 /// chain waits for a few tasks at most.
 pub const DEFAULT_CHAIN_HOPS: u32 = 16;
 
+/// How long a slot goes on running tasks from its own finishes: a task
+/// that ends later keeps nothing. Saving a hop matters for short tasks
+/// only, and the bound keeps a delivery the broker already handed this
+/// slot's consumer waiting for at most one more task, so it stays within
+/// the consumer timeout as a task does
+/// (docs/design/outbox-and-queues.md#consumer-timeout).
+const CHAIN_BUDGET: Duration = Duration::from_secs(1);
+
 impl WorkerConfig {
     /// A config with the default lease
     /// (docs/design/leases-and-fencing.md#leases-and-heartbeats) and limits
@@ -352,12 +360,14 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
     /// (docs/design/outbox-and-queues.md#continuing-a-chain), one task
     /// after the other, each claimed at the token its dispatch carries as
     /// if it had come from the queue. After [`WorkerConfig::chain_hops`]
-    /// tasks, or once the worker is stopping, what the last one kept is
-    /// handed to the queue instead.
+    /// tasks, or [`CHAIN_BUDGET`], the last task keeps nothing; once the
+    /// worker is stopping, what the last one kept is handed to the queue
+    /// instead.
     async fn continue_chain(&self, mut kept: Option<Dispatch>, shutdown: &CancellationToken) {
         let Some(after_commit) = self.config.after_commit.as_ref() else {
             return;
         };
+        let started = Instant::now();
         let mut hops = 0;
         while let Some(d) = kept.take() {
             if shutdown.is_cancelled() {
@@ -365,7 +375,8 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 return;
             }
             hops += 1;
-            kept = self.run_kept(d, after_commit, hops < self.config.chain_hops).await;
+            let may_keep = hops < self.config.chain_hops && started.elapsed() < CHAIN_BUDGET;
+            kept = self.run_kept(d, after_commit, may_keep).await;
         }
     }
 
