@@ -61,15 +61,23 @@ impl Inner {
         self.ready.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues `dispatch` under `ready`. A dispatch without a ready time
-    /// (written before dispatches carried one) ranks as ready at the epoch:
-    /// by priority, then in arrival order.
-    fn enqueue(&self, ready: &mut Ready, dispatch: Dispatch, redelivered: bool) {
+    /// Where `dispatch` ranks, arrival aside. A dispatch without a ready
+    /// time (written before dispatches carried one) ranks as ready at the
+    /// epoch: by priority, then in arrival order.
+    fn rank(&self, dispatch: &Dispatch) -> (i64, i64) {
         let ready_micros = dispatch.ready_at.map_or(0, |t| t.timestamp_micros());
-        let key = order_key(ready_micros, dispatch.priority, self.aging_micros);
+        (
+            order_key(ready_micros, dispatch.priority, self.aging_micros),
+            dispatch.dispatch_id.0,
+        )
+    }
+
+    /// Queues `dispatch` under `ready`.
+    fn enqueue(&self, ready: &mut Ready, dispatch: Dispatch, redelivered: bool) {
+        let (key, id) = self.rank(&dispatch);
         ready.arrivals += 1;
         ready.messages.push(Reverse(Waiting {
-            rank: (key, dispatch.dispatch_id.0, ready.arrivals),
+            rank: (key, id, ready.arrivals),
             dispatch,
             redelivered,
         }));
@@ -151,6 +159,16 @@ impl DispatchPublisher for InprocQueue {
             self.inner.available.notify_one();
         }
         results
+    }
+
+    /// Whether the next delivery would come before `dispatch`.
+    fn holds_more_urgent(&self, dispatch: &Dispatch) -> bool {
+        let rank = self.inner.rank(dispatch);
+        self.inner
+            .lock()
+            .messages
+            .peek()
+            .is_some_and(|Reverse(next)| (next.rank.0, next.rank.1) < rank)
     }
 
     /// What it holds dies with the process.

@@ -77,6 +77,7 @@ impl std::fmt::Debug for AfterCommit {
 /// queue's type.
 trait Push: Send + Sync + 'static {
     fn push<'a>(&'a self, batch: &'a [Dispatch]) -> Pushing<'a>;
+    fn holds_more_urgent(&self, dispatch: &Dispatch) -> bool;
 }
 
 /// A push in flight: one outcome per dispatch, in order.
@@ -85,6 +86,10 @@ type Pushing<'a> = Pin<Box<dyn Future<Output = Vec<Result<(), queue::Error>>> + 
 impl<P: DispatchPublisher> Push for P {
     fn push<'a>(&'a self, batch: &'a [Dispatch]) -> Pushing<'a> {
         Box::pin(self.publish(batch))
+    }
+
+    fn holds_more_urgent(&self, dispatch: &Dispatch) -> bool {
+        DispatchPublisher::holds_more_urgent(self, dispatch)
     }
 }
 
@@ -187,6 +192,17 @@ impl AfterCommit {
 }
 
 impl AfterCommit {
+    /// Whether a finishing slot may keep `dispatch` and run it itself
+    /// (docs/design/outbox-and-queues.md#continuing-a-chain): not when the
+    /// queue it would be pushed into holds more urgent work. A broker
+    /// cannot tell; its backlog in the outbox the finish reports instead.
+    pub fn may_keep(&self, dispatch: &Dispatch) -> bool {
+        match &self.how {
+            How::Forward { .. } => true,
+            How::Push(queue) => !queue.holds_more_urgent(dispatch),
+        }
+    }
+
     /// Settles a dispatch its finishing slot kept and then claimed itself
     /// (or found claimed or cancelled already): nobody publishes it. A held
     /// row is marked published; a pushed one was committed published. If

@@ -587,10 +587,9 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                     }
                     // Rows come back only when the handover is ours.
                     let mut handed = finished.held;
-                    let kept = if may_keep && !finished.queued {
-                        self.keep(&mut handed)
-                    } else {
-                        None
+                    let kept = match after_commit {
+                        Some(after_commit) if may_keep && !finished.queued => self.keep(&mut handed, after_commit),
+                        _ => None,
                     };
                     if let Some(after_commit) = after_commit
                         && !handed.is_empty()
@@ -606,18 +605,18 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
 
     /// Takes from `handed` the dispatch this slot runs next
     /// (docs/design/outbox-and-queues.md#continuing-a-chain): the most
-    /// urgent one of a type served here, as the queue would order them.
-    /// The caller keeps nothing when other rows wait for the sweep: a
-    /// backlog goes out in priority order, and a kept dispatch would jump
-    /// it.
-    fn keep(&self, handed: &mut Vec<Dispatch>) -> Option<Dispatch> {
+    /// urgent one of a type served here, as the queue would order them,
+    /// unless the queue holds more urgent work. The caller keeps nothing
+    /// when other rows wait for the sweep: a backlog goes out in priority
+    /// order, and a kept dispatch would jump it.
+    fn keep(&self, handed: &mut Vec<Dispatch>, after_commit: &AfterCommit) -> Option<Dispatch> {
         let at = handed
             .iter()
             .enumerate()
             .filter(|(_, d)| self.registry.contains(&d.task_type))
             .min_by_key(|(_, d)| (Reverse(d.priority), d.dispatch_id.0))
             .map(|(at, _)| at)?;
-        Some(handed.remove(at))
+        after_commit.may_keep(&handed[at]).then(|| handed.remove(at))
     }
 
     /// A finish that failed to answer may still have committed, writing

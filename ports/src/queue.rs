@@ -104,6 +104,17 @@ pub trait DispatchPublisher: Send + Sync + 'static {
         std::future::ready(Ok(None))
     }
 
+    /// Whether this queue holds a dispatch it would deliver before
+    /// `dispatch`, were that published now. A slot that would run
+    /// `dispatch` itself, straight from its own finish, leaves it to the
+    /// queue then, so it jumps no more urgent work
+    /// (docs/design/outbox-and-queues.md#continuing-a-chain). A queue that
+    /// cannot tell answers `false`.
+    fn holds_more_urgent(&self, dispatch: &Dispatch) -> bool {
+        let _ = dispatch;
+        false
+    }
+
     /// Whether a published dispatch outlives this process. A broker's
     /// queue keeps it; an in-process queue loses what it held when its
     /// process ends, so its publisher first re-arms those rows

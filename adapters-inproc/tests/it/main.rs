@@ -170,3 +170,28 @@ async fn a_redelivery_keeps_its_place_in_the_order() {
     again.ack().await.unwrap();
     assert_eq!(drain(&q).await, [2]);
 }
+
+/// A slot may run a dispatch itself only when the queue would not deliver
+/// anything before it (docs/design/outbox-and-queues.md#continuing-a-chain).
+#[tokio::test]
+async fn it_tells_whether_it_holds_work_more_urgent_than_a_dispatch() {
+    let q = InprocQueue::new();
+    assert!(!q.holds_more_urgent(&ranked(1, 5, 0)), "an empty queue holds nothing");
+    assert!(q.publish(&[ranked(2, 5, 10)]).await.into_iter().all(|r| r.is_ok()));
+    assert!(
+        q.holds_more_urgent(&ranked(3, 5, 20)),
+        "the same priority, ready earlier, goes first"
+    );
+    assert!(
+        q.holds_more_urgent(&ranked(3, 1, 5)),
+        "a lower priority waits behind the queued one though ready sooner"
+    );
+    assert!(
+        !q.holds_more_urgent(&ranked(3, 9, 20)),
+        "a higher priority goes before the queued one though ready later"
+    );
+    assert!(
+        !q.holds_more_urgent(&ranked(1, 5, 10)),
+        "nor does work ready at the same time with a later id"
+    );
+}
