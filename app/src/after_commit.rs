@@ -189,9 +189,7 @@ impl AfterCommit {
             }
         }
     }
-}
 
-impl AfterCommit {
     /// Whether a finishing slot may keep `dispatch` and run it itself
     /// (docs/design/outbox-and-queues.md#continuing-a-chain): not when the
     /// queue it would be pushed into holds more urgent work. A broker

@@ -1,7 +1,8 @@
 //! The worker (docs/design/handlers.md#the-worker): consume a dispatch,
 //! claim the task run with its token, run the trusted handler with a
 //! timeout while heartbeating the lease, store the outcome with the token,
-//! and only then acknowledge.
+//! and only then acknowledge; then run, in the same slot, a task that
+//! success made ready (docs/design/outbox-and-queues.md#continuing-a-chain).
 
 use std::cmp::Reverse;
 use std::collections::HashMap;
