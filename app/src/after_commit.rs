@@ -18,6 +18,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flowforge_domain::Priority;
 use flowforge_domain::plan::Handoff;
 use flowforge_ports::store::Handover;
 use flowforge_ports::{Dispatch, DispatchId, DispatchPublisher, OutboxStore, queue};
@@ -295,6 +296,12 @@ impl<S: OutboxStore, P: DispatchPublisher> Forwarder<S, P> {
     }
 }
 
+/// The order a queue that sorts would deliver dispatches in: highest
+/// priority first, then oldest readiness.
+pub(crate) fn urgency(d: &Dispatch) -> (Reverse<Priority>, i64) {
+    (Reverse(d.priority), d.dispatch_id.0)
+}
+
 /// Which handed-over dispatches to publish now, most urgent first, and
 /// which to release to the sweep: those handed over `stale` ago or more
 /// (their hold is running out, and the sweep would publish them again);
@@ -313,7 +320,7 @@ fn split(batch: Vec<Handed>, room: Option<u32>, stale: Duration) -> (Vec<Dispatc
         }
     }
     if let Some(room) = room {
-        now.sort_by_key(|d| (Reverse(d.priority), d.dispatch_id.0));
+        now.sort_by_key(urgency);
         let fits = now.len().min(room as usize);
         released.extend(now.drain(fits..).map(|d| d.dispatch_id));
     }

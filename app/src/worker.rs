@@ -4,7 +4,6 @@
 //! and only then acknowledge; then run, in the same slot, a task that
 //! success made ready (docs/design/outbox-and-queues.md#continuing-a-chain).
 
-use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -28,7 +27,7 @@ use tokio::time::error::Elapsed;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::after_commit::AfterCommit;
+use crate::after_commit::{AfterCommit, urgency};
 use crate::cache::DefinitionCache;
 use crate::error::Error;
 use crate::observers::Observers;
@@ -615,7 +614,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             .iter()
             .enumerate()
             .filter(|(_, d)| self.registry.contains(&d.task_type))
-            .min_by_key(|(_, d)| (Reverse(d.priority), d.dispatch_id.0))
+            .min_by_key(|(_, d)| urgency(d))
             .map(|(at, _)| at)?;
         after_commit.may_keep(&handed[at]).then(|| handed.remove(at))
     }

@@ -30,8 +30,8 @@ use tokio::sync::Barrier;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Broker, TestDb, amqp_url_via, both_services, broker_address, definition, detail, eventually, independent_tasks,
-    outbox, outbox_publisher, within,
+    Broker, OutboxRow, TestDb, amqp_url_via, both_services, broker_address, definition, detail, eventually,
+    independent_tasks, outbox, outbox_publisher, within,
 };
 use flowforge_testkit::{Mode, Proxy};
 
@@ -421,6 +421,42 @@ async fn hand_b_on(store: &PgStore, a: &Claim, hold: Duration) -> Vec<Dispatch> 
     finished.held
 }
 
+/// An after-commit publisher into this test's queue, settling in `store`,
+/// with an hour's hold.
+struct AfterCommitted {
+    handle: AfterCommit,
+    publishing: tokio::task::JoinHandle<()>,
+}
+
+impl AfterCommitted {
+    fn start(store: &PgStore, broker: &Broker) -> Self {
+        let (handle, publishing) = AfterCommit::start(
+            store.clone(),
+            RabbitPublisher::new(broker.config()).expect("a valid config"),
+            Duration::from_secs(3600),
+        );
+        Self { handle, publishing }
+    }
+
+    /// Drops the handle and waits for the loop to publish and settle what
+    /// it was handed.
+    async fn end(self) {
+        drop(self.handle);
+        within("the after-commit publisher", self.publishing)
+            .await
+            .expect("it ends once its handles are gone");
+    }
+}
+
+/// b's outbox row.
+async fn b_row(store: &PgStore) -> OutboxRow {
+    outbox(store)
+        .await
+        .into_iter()
+        .find(|r| r.dispatch.task_key == "b")
+        .expect("b's row")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_is_published_right_after_its_commit_and_marked() {
     let Some((_db, broker, store)) = setup("aftercommit").await else {
@@ -436,23 +472,11 @@ async fn a_handoff_is_published_right_after_its_commit_and_marked() {
         "the sweep leaves a held row to its committer"
     );
 
-    let (after_commit, publishing) = AfterCommit::start(
-        store.clone(),
-        RabbitPublisher::new(broker.config()).expect("a valid config"),
-        Duration::from_secs(3600),
-    );
-    after_commit.hand(held.clone(), false).await;
-    drop(after_commit);
-    within("the after-commit publisher", publishing)
-        .await
-        .expect("it ends once its handles are gone");
+    let after_commit = AfterCommitted::start(&store, &broker);
+    after_commit.handle.hand(held.clone(), false).await;
+    after_commit.end().await;
     assert_eq!(broker.drain_dispatches().await, held, "published as stored");
-    let b = outbox(&store)
-        .await
-        .into_iter()
-        .find(|r| r.dispatch.task_key == "b")
-        .expect("b's row");
-    assert!(b.published, "and marked published");
+    assert!(b_row(&store).await.published, "and marked published");
     assert_eq!(store.held_for(Scope::All).await.expect("held_for"), None);
 }
 
@@ -500,8 +524,7 @@ async fn a_handoff_whose_worker_died_before_publishing_is_swept_once_its_hold_is
 
 /// A dispatch its finishing slot kept and claimed itself is settled
 /// published and never reaches the broker
-/// (docs/design/outbox-and-queues.md#continuing-a-chain); handed over
-/// beside it, another would still be published.
+/// (docs/design/outbox-and-queues.md#continuing-a-chain).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_dispatch_is_settled_published_without_a_publish() {
     let Some((_db, broker, store)) = setup("aftercommitkept").await else {
@@ -511,23 +534,11 @@ async fn a_kept_dispatch_is_settled_published_without_a_publish() {
     let (_, a) = chain_with_a_claimed(&store, &broker, "after-commit-kept").await;
     let held = hand_b_on(&store, &a, Duration::from_secs(3600)).await;
 
-    let (after_commit, publishing) = AfterCommit::start(
-        store.clone(),
-        RabbitPublisher::new(broker.config()).expect("a valid config"),
-        Duration::from_secs(3600),
-    );
-    after_commit.kept(held[0].clone());
-    drop(after_commit);
-    within("the after-commit publisher", publishing)
-        .await
-        .expect("it ends once its handles are gone");
+    let after_commit = AfterCommitted::start(&store, &broker);
+    after_commit.handle.kept(held[0].clone());
+    after_commit.end().await;
     assert!(broker.drain_dispatches().await.is_empty(), "nothing was published");
-    let b = outbox(&store)
-        .await
-        .into_iter()
-        .find(|r| r.dispatch.task_key == "b")
-        .expect("b's row");
-    assert!(b.published, "b's row is marked published");
+    assert!(b_row(&store).await.published, "b's row is marked published");
     assert_eq!(
         store.held_for(Scope::All).await.expect("held_for"),
         None,
