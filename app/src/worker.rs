@@ -15,12 +15,12 @@ use flowforge_domain::TaskRunState;
 use flowforge_domain::limits::{self, Limits, ValueKind};
 use flowforge_domain::plan::Handoff;
 use flowforge_ports::handler::Pulse;
-use flowforge_ports::store::{Claim, FinishResult, Handover, LeaseStatus, TaskOutcome};
+use flowforge_ports::store::{Claim, FinishResult, Handover, LeaseStatus, TaskInputs, TaskOutcome};
 use flowforge_ports::{
     Delivery, Dispatch, DispatchConsumer, DispatchQueue, HandlerError, RunId, Scope, Store, TaskContext, TaskEvent,
     WorkerId, queue, store,
 };
-use serde_json::Value;
+use serde_json::{Map, Value};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio::time::error::Elapsed;
@@ -90,6 +90,47 @@ pub const DEFAULT_CHAIN_HOPS: u32 = 16;
 /// the consumer timeout as a task does
 /// (docs/design/outbox-and-queues.md#consumer-timeout).
 const CHAIN_BUDGET: Duration = Duration::from_secs(1);
+
+/// A dispatch a finish kept for its slot, with what the finished task
+/// leaves it.
+struct Kept {
+    dispatch: Dispatch,
+    carried: Option<Carried>,
+}
+
+/// What a finished task leaves the task its slot runs next
+/// (docs/design/outbox-and-queues.md#carried-inputs): the run input it
+/// was given and the output it just stored. The kept task's claim
+/// succeeding at its token means that success is still the one stored,
+/// so a task depending on it alone takes these instead of reading them
+/// back.
+struct Carried {
+    run_input: Value,
+    key: String,
+    output: Value,
+}
+
+impl Carried {
+    /// The inputs of a forward task depending on `keys`, as
+    /// [`task_inputs`](flowforge_ports::RunStore::task_inputs) would read
+    /// them, limit included; `None` unless `keys` is the carried task alone.
+    fn inputs(self, keys: &[String], limit: usize) -> Option<Result<TaskInputs, store::Error>> {
+        let [key] = keys else {
+            return None;
+        };
+        if *key != self.key {
+            return None;
+        }
+        Some(
+            limits::check_value(ValueKind::TaskInputs, &self.output, limit)
+                .map(|_| TaskInputs {
+                    run_input: self.run_input,
+                    outputs: Map::from_iter([(self.key, self.output)]),
+                })
+                .map_err(store::Error::from),
+        )
+    }
+}
 
 impl WorkerConfig {
     /// A config with the default lease
@@ -363,26 +404,27 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
     /// tasks, or [`CHAIN_BUDGET`], the last task keeps nothing; once the
     /// worker is stopping, what the last one kept is handed to the queue
     /// instead.
-    async fn continue_chain(&self, mut kept: Option<Dispatch>, shutdown: &CancellationToken) {
+    async fn continue_chain(&self, mut kept: Option<Kept>, shutdown: &CancellationToken) {
         let Some(after_commit) = self.config.after_commit.as_ref() else {
             return;
         };
         let started = Instant::now();
         let mut hops = 0;
-        while let Some(d) = kept.take() {
+        while let Some(k) = kept.take() {
             if shutdown.is_cancelled() {
-                after_commit.hand(vec![d], false).await;
+                after_commit.hand(vec![k.dispatch], false).await;
                 return;
             }
             hops += 1;
             let may_keep = hops < self.config.chain_hops && started.elapsed() < CHAIN_BUDGET;
-            kept = self.run_kept(d, after_commit, may_keep).await;
+            kept = self.run_kept(k, after_commit, may_keep).await;
         }
     }
 
     /// Claims and runs one dispatch a finish kept, returning what its own
     /// finish kept in turn.
-    async fn run_kept(&self, d: Dispatch, after_commit: &AfterCommit, may_keep: bool) -> Option<Dispatch> {
+    async fn run_kept(&self, kept: Kept, after_commit: &AfterCommit, may_keep: bool) -> Option<Kept> {
+        let Kept { dispatch: d, carried } = kept;
         let span = task_span(&d, true);
         async move {
             let asked = Instant::now();
@@ -393,7 +435,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             {
                 Ok(Some(claim)) => {
                     after_commit.kept(d.clone());
-                    let (finished, kept) = self.run_claimed(&d, &claim, asked, None, may_keep).await;
+                    let (finished, kept) = self.run_claimed(&d, &claim, asked, None, may_keep, carried).await;
                     if let Err(e) = finished {
                         // No delivery to return: the row stays running until
                         // the reaper takes its lease back and retries it.
@@ -424,7 +466,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
         &self,
         delivery: D,
         may_keep: bool,
-    ) -> (Result<Handled, queue::Error>, Option<Dispatch>) {
+    ) -> (Result<Handled, queue::Error>, Option<Kept>) {
         let d: Dispatch = delivery.dispatch().clone();
         let span = task_span(&d, false);
         let mut kept = None;
@@ -474,7 +516,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 }
             };
             let (finished, next) = self
-                .run_claimed(&d, &claim, asked, delivery.trace_parent(), may_keep)
+                .run_claimed(&d, &claim, asked, delivery.trace_parent(), may_keep, None)
                 .await;
             kept = next;
             match finished {
@@ -497,9 +539,9 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
         (handled, kept)
     }
 
-    /// Runs a claimed attempt of dispatch `d` and stores its outcome,
-    /// returning it with the dispatch its success kept for this slot, if
-    /// any.
+    /// Runs a claimed attempt of dispatch `d`, with what the task before
+    /// it in this slot `carried`, and stores its outcome, returning it
+    /// with the dispatch its success kept for this slot, if any.
     async fn run_claimed(
         &self,
         d: &Dispatch,
@@ -507,7 +549,8 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
         asked: Instant,
         trace_parent: Option<&str>,
         may_keep: bool,
-    ) -> (Result<FinishResult, store::Error>, Option<Dispatch>) {
+        carried: Option<Carried>,
+    ) -> (Result<FinishResult, store::Error>, Option<Kept>) {
         tracing::Span::current()
             .record("attempt", claim.attempt)
             .record("token", claim.token);
@@ -529,13 +572,27 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             worker = %self.config.id,
         );
         crate::telemetry::link(&execute, claim.run_id, trace_parent);
-        let (outcome, event) = self.attempt(claim, asked).instrument(execute.clone()).await;
-        let finished = self.finish(claim, outcome, may_keep).instrument(execute).await;
+        let (outcome, event, run_input) = self
+            .attempt(claim, asked, carried, may_keep)
+            .instrument(execute.clone())
+            .await;
+        let finished = self.finish(claim, &outcome, may_keep).instrument(execute).await;
         crate::metrics::slot_busy(-1.0);
         match finished {
             Ok((result, kept)) => {
                 crate::metrics::attempt_finished(&d.task_type, result, asked.elapsed());
                 self.report(result, event);
+                let kept = kept.map(|dispatch| Kept {
+                    dispatch,
+                    carried: match (outcome, run_input) {
+                        (TaskOutcome::Succeeded { output }, Some(run_input)) => Some(Carried {
+                            run_input,
+                            key: claim.task_key.clone(),
+                            output,
+                        }),
+                        _ => None,
+                    },
+                });
                 (Ok(result), kept)
             }
             Err(e) => (Err(e), None),
@@ -553,10 +610,10 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
     async fn finish(
         &self,
         claim: &Claim,
-        outcome: TaskOutcome,
+        outcome: &TaskOutcome,
         may_keep: bool,
     ) -> Result<(FinishResult, Option<Dispatch>), store::Error> {
-        let handoff = self.handoff(claim, &outcome).await;
+        let handoff = self.handoff(claim, outcome).await;
         let after_commit = self.config.after_commit.as_ref();
         let handover = after_commit.map_or(Handover::Sweep, |a| a.handover_for(&handoff));
         let started = Instant::now();
@@ -698,8 +755,17 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
     }
 
     /// Runs one claimed attempt and turns its ending into the outcome to
-    /// store, plus the observer event describing it.
-    async fn attempt(&self, claim: &Claim, asked: Instant) -> (TaskOutcome, TaskEvent) {
+    /// store, plus the observer event describing it and, when `carry`, the
+    /// run input it was given (for a task its success keeps,
+    /// [`Carried`]). Its inputs come from `carried` when they are all
+    /// there, else from the store.
+    async fn attempt(
+        &self,
+        claim: &Claim,
+        asked: Instant,
+        carried: Option<Carried>,
+        carry: bool,
+    ) -> (TaskOutcome, TaskEvent, Option<Value>) {
         let mut event = TaskEvent {
             run_id: claim.run_id,
             task_key: claim.task_key.clone(),
@@ -718,6 +784,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                     retry_in: None,
                 },
                 event.clone(),
+                None,
             )
         };
         let published = match self.defs.get(claim.workflow_id).await {
@@ -762,14 +829,18 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             Some(forward) => vec![forward.clone()],
             None => task.depends_on().to_vec(),
         };
-        let read = match self
-            .store
-            .task_inputs(claim.run_id, &keys, self.config.limits.task_inputs_bytes)
-            .await
-        {
+        let limit = self.config.limits.task_inputs_bytes;
+        let known = carried
+            .filter(|_| claim.compensate_for.is_none())
+            .and_then(|c| c.inputs(&keys, limit));
+        let read = match known {
+            Some(known) => known,
+            None => self.store.task_inputs(claim.run_id, &keys, limit).await,
+        };
+        let read = match read {
             Ok(i) => crate::inputs::for_trigger(&self.store, claim.run_id, task, i.outputs)
                 .await
-                .map(|outputs| flowforge_ports::store::TaskInputs {
+                .map(|outputs| TaskInputs {
                     outputs,
                     run_input: i.run_input,
                 }),
@@ -789,6 +860,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                         retry_in: event.retry_in,
                     },
                     event,
+                    None,
                 );
             }
         };
@@ -804,6 +876,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             .compensate_for
             .is_none()
             .then(|| self.in_flight.enter(claim.run_id, cancel.clone()));
+        let run_input = carry.then(|| inputs.run_input.clone());
         let ctx = TaskContext {
             run_id: claim.run_id,
             task_key: claim.task_key.clone(),
@@ -827,7 +900,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 match limits::check_value(ValueKind::TaskOutput, &output, self.config.limits.task_output_bytes) {
                     Ok(_) => {
                         event.output = Some(output.clone());
-                        return (TaskOutcome::Succeeded { output }, event);
+                        return (TaskOutcome::Succeeded { output }, event, run_input);
                     }
                     Err(refusal) => (refusal.to_string(), true),
                 }
@@ -838,7 +911,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 (e.message, permanent)
             }
             Ending::TimedOut(after) => (format!("timed out after {}s", after.as_secs_f64()), false),
-            Ending::Cancelled => return (TaskOutcome::Cancelled, event),
+            Ending::Cancelled => return (TaskOutcome::Cancelled, event, None),
             Ending::LeaseLost => ("the lease was lost (reaped) while the handler ran".to_owned(), false),
             Ending::LeaseExpiring(unrenewed) => (
                 format!(
@@ -863,6 +936,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 retry_in: event.retry_in,
             },
             event,
+            None,
         )
     }
 
@@ -987,5 +1061,59 @@ async fn poll_renewal(renewal: &mut Option<Renewal<'_>>) -> Renewed {
     match renewal {
         Some(renewal) => renewal.await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn carried() -> Carried {
+        Carried {
+            run_input: json!({"n": 1}),
+            key: "a".into(),
+            output: json!({"n": 2}),
+        }
+    }
+
+    fn keys(keys: &[&str]) -> Vec<String> {
+        keys.iter().map(|&k| k.to_owned()).collect()
+    }
+
+    #[test]
+    fn a_task_depending_on_the_carried_task_alone_takes_its_output_and_the_run_input() {
+        let inputs = carried()
+            .inputs(&keys(&["a"]), 1024)
+            .expect("covered")
+            .expect("within the limit");
+        assert_eq!(inputs.run_input, json!({"n": 1}));
+        assert_eq!(Value::Object(inputs.outputs), json!({"a": {"n": 2}}));
+    }
+
+    #[test]
+    fn a_task_with_any_other_dependencies_reads_the_store() {
+        for other in [&[][..], &["b"], &["a", "b"], &["b", "a"]] {
+            assert!(carried().inputs(&keys(other), 1024).is_none(), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn carried_inputs_are_held_to_the_limit_the_store_applies() {
+        let Some(Err(store::Error::Refused(refusal))) = carried().inputs(&keys(&["a"]), 6) else {
+            panic!("refused");
+        };
+        assert_eq!(
+            refusal.to_string(),
+            limits::Refusal::TooLarge {
+                kind: ValueKind::TaskInputs,
+                bytes: 7,
+                limit: 6
+            }
+            .to_string(),
+            "the 7 bytes of {{\"n\":2}}, as the store's read refuses them"
+        );
+        assert!(carried().inputs(&keys(&["a"]), 7).expect("covered").is_ok());
     }
 }
