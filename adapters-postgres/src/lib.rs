@@ -44,4 +44,4 @@ mod workers;
 pub use notify::PgNotifier;
 pub use outbox::PgSweep;
 pub use pass::PgRunPass;
-pub use store::{PgOptions, PgStore};
+pub use store::{PgOptions, PgStore, UNCHECKED_IDLE};

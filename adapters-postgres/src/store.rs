@@ -12,7 +12,7 @@ use chrono::TimeDelta;
 use flowforge_ports::{Clock, store};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Connection, PgPool, Postgres, Transaction};
 use tokio::sync::Notify;
 
 use crate::error::store_error;
@@ -46,6 +46,14 @@ pub struct PgOptions {
     /// `application_name`, unless the URL sets one (shows in `pg_stat_activity`).
     pub application_name: String,
 }
+
+/// A pooled connection idle for less than this is handed out as it is;
+/// one idle longer is pinged first, and replaced when the server does not
+/// answer (docs/design/cli.md#connection-pool). sqlx pings every
+/// connection it takes back, so one in steady use was found alive moments
+/// ago; pinging it again on every acquire would add a round trip to every
+/// statement. HikariCP skips its check within the same half second.
+pub const UNCHECKED_IDLE: Duration = Duration::from_millis(500);
 
 impl Default for PgOptions {
     fn default() -> Self {
@@ -157,6 +165,15 @@ impl PgStore {
     pub async fn connect_unchecked(url: &str, clock: Arc<dyn Clock>, options: PgOptions) -> Result<Self, store::Error> {
         let connect = connect_options(url, &options)?;
         let pool = PgPoolOptions::new()
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= UNCHECKED_IDLE {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .max_connections(options.max_connections.max(1))
             .min_connections(options.min_connections)
             .acquire_timeout(options.acquire_timeout)
