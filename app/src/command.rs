@@ -169,17 +169,70 @@ fn new_marker(ctx: &TaskContext) -> String {
     )
 }
 
+/// How many times the marker scan looks again: after it killed something
+/// (a child forked meanwhile), or while a process that may be ours is
+/// between two programs.
+const MARK_ROUNDS: u32 = 32;
+/// The pause before looking again at a process caught between two programs.
+const UNSETTLED_PAUSE: Duration = Duration::from_millis(1);
+/// `PF_KTHREAD` in `/proc/<pid>/stat`'s flags: a kernel thread has no
+/// environment and is never ours.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// What `/proc/<pid>/stat` tells the marker scan.
+struct Stat {
+    /// A zombie (`Z`) or dead (`X`) process has no memory, so no
+    /// environment, and needs no kill.
+    exited: bool,
+    kernel_thread: bool,
+    /// Clock ticks from boot to the process's start.
+    started: u64,
+}
+
+impl Stat {
+    /// Whether an empty environment may hide one of ours: a live user
+    /// process no older than the attempt's leader, caught between two
+    /// programs.
+    fn may_be_ours(&self, since: u64) -> bool {
+        !self.exited && !self.kernel_thread && self.started >= since
+    }
+}
+
+fn stat(pid: i32) -> Option<Stat> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+fn parse_stat(text: &str) -> Option<Stat> {
+    // The command name is in parentheses and may hold either parenthesis
+    // or a space; the fields after the last `)` are plain.
+    let (_, rest) = text.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some(Stat {
+        exited: matches!(*fields.first()?, "Z" | "X"),
+        kernel_thread: fields.get(6)?.parse::<u64>().ok()? & PF_KTHREAD != 0,
+        started: fields.get(19)?.parse().ok()?,
+    })
+}
+
 /// SIGKILLs every process whose environment carries `MARKER_VAR=marker`:
-/// the descendants that left the process group. Repeats (a bounded number
-/// of times) while it finds some.
-fn kill_marked(marker: &str) {
+/// the descendants that left the process group. `since` is when the
+/// attempt's leader started (clock ticks from boot): no process older is a
+/// descendant.
+///
+/// A process in the middle of an `execve` has, for a moment, an empty
+/// `/proc/<pid>/environ` (its new program's environment is not yet mapped);
+/// an escaped descendant caught there (`setsid sleep`, exactly when `setsid`
+/// runs `sleep`) would be missed. So a live user process younger than the
+/// leader with an empty environment is looked at again, briefly, until it
+/// shows one or exits.
+fn kill_marked(marker: &str, since: u64) {
     let needle = format!("{MARKER_VAR}={marker}");
     let me = std::process::id();
-    for _ in 0..8 {
+    for _ in 0..MARK_ROUNDS {
         let Ok(entries) = std::fs::read_dir("/proc") else {
             return;
         };
-        let mut found = false;
+        let (mut found, mut unsettled) = (false, false);
         for pid in entries
             .filter_map(Result::ok)
             .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
@@ -189,7 +242,9 @@ fn kill_marked(marker: &str) {
             let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
                 continue;
             };
-            if environ.split(|&b| b == 0).any(|var| var == needle.as_bytes()) {
+            if environ.is_empty() {
+                unsettled |= stat(pid).is_some_and(|s| s.may_be_ours(since));
+            } else if environ.split(|&b| b == 0).any(|var| var == needle.as_bytes()) {
                 found = true;
                 match kill(Pid::from_raw(pid), Signal::SIGKILL) {
                     Ok(()) | Err(Errno::ESRCH) => {}
@@ -200,9 +255,13 @@ fn kill_marked(marker: &str) {
         // Another round catches a child forked between our reading of
         // /proc and its parent's death; a process already killed may be
         // found again, which is harmless.
-        if !found {
+        if found {
+            continue;
+        }
+        if !unsettled {
             return;
         }
+        std::thread::sleep(UNSETTLED_PAUSE);
     }
 }
 
@@ -212,6 +271,9 @@ fn kill_marked(marker: &str) {
 struct GroupGuard {
     pgid: Option<Pid>,
     marker: String,
+    /// When the leader started, in clock ticks from boot (0 when unknown:
+    /// every process is then a candidate).
+    since: u64,
 }
 
 impl GroupGuard {
@@ -219,9 +281,13 @@ impl GroupGuard {
         // A new group's id is its leader's pid. Never 0 or 1: killpg(0)
         // would signal our own group and 1 is init.
         let pid = i32::try_from(pid).ok().filter(|&p| p > 1)?;
+        // Read before the leader is waited for: until then its pid cannot
+        // be reused.
+        let since = stat(pid).map_or(0, |s| s.started);
         Some(Self {
             pgid: Some(Pid::from_raw(pid)),
             marker,
+            since,
         })
     }
 
@@ -238,7 +304,7 @@ impl GroupGuard {
     fn kill_all(&mut self) {
         if self.pgid.is_some() {
             self.signal(Signal::SIGKILL);
-            kill_marked(&self.marker);
+            kill_marked(&self.marker, self.since);
             self.pgid = None;
         }
     }
@@ -688,6 +754,39 @@ mod tests {
         let gone = dies(pid);
         assert!(gone, "shell {pid} outlived its abandoned attempt");
     }
+    #[test]
+    fn stat_is_read_past_a_command_name_holding_parentheses_and_spaces() {
+        // pid (comm) state ppid pgrp session tty tpgid flags … starttime
+        let line = |comm: &str, state: &str, flags: u64| {
+            format!("42 ({comm}) {state} 1 42 42 0 -1 {flags} 0 0 0 0 0 0 0 0 20 0 1 0 777 0 0")
+        };
+        let user = parse_stat(&line("a) (b c", "S", 0x0040_0100)).unwrap();
+        assert_eq!((user.exited, user.kernel_thread, user.started), (false, false, 777));
+        assert!(parse_stat(&line("sh", "Z", 0)).unwrap().exited);
+        assert!(
+            parse_stat(&line("kworker/0:1", "I", 0x0420_8060))
+                .unwrap()
+                .kernel_thread
+        );
+        assert!(parse_stat("42 (cut short) S 1").is_none());
+        let me = stat(i32::try_from(std::process::id()).unwrap()).unwrap();
+        assert!(!me.exited && !me.kernel_thread && me.started > 0);
+    }
+
+    #[test]
+    fn only_a_live_user_process_no_older_than_the_leader_is_looked_at_again() {
+        let at = |started, exited, kernel_thread| Stat {
+            exited,
+            kernel_thread,
+            started,
+        };
+        assert!(at(100, false, false).may_be_ours(100));
+        assert!(at(150, false, false).may_be_ours(100));
+        assert!(!at(99, false, false).may_be_ours(100), "older than the leader");
+        assert!(!at(150, true, false).may_be_ours(100), "a zombie has no environment");
+        assert!(!at(150, false, true).may_be_ours(100), "a kernel thread has none");
+    }
+
     #[tokio::test]
     async fn a_setsid_descendant_is_killed_and_the_leaders_status_reported() {
         for (exit, expect_ok) in [("exit 0", true), ("exit 3", false)] {
