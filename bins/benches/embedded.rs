@@ -4,6 +4,8 @@
 //! figures down. Usage: `cargo bench -p flowforge-bins --bench embedded --
 //! [fanout|chain|chain40|concurrent|memory]...` (all when none given);
 //! `BENCH_EMBEDDED_CONCURRENCY` sets the worker slots (default: CPUs).
+//! `chain40` reports the median of 5 runs, each on a fresh engine, and
+//! every run's engine time for the spread.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use flowforge::{Embedded, EmbeddedEngine, Observer, TaskEvent, WorkflowDefinition};
 use serde_json::{Value, json};
-use support::{chain, chain_key, dag40, definition, fanout, percentile};
+use support::{chain, chain_key, dag40, definition, fanout, median, percentile};
 
 /// Records when each task's finish and claim were stored (monotonic clock,
 /// at the hooks, which run right after the store commits).
@@ -80,36 +82,40 @@ async fn bench_fanout() -> Value {
     json!({"scenario": "fanout", "tasks": 10_000, "wall_s": wall.as_secs_f64(), "tasks_per_s": tasks / wall.as_secs_f64(), "peak_rss_kib": peak_rss_kib()})
 }
 
-async fn bench_chain(len: usize, name: &str) -> Value {
-    let dir = tempfile::tempdir().expect("tmp");
-    let stamps = Arc::new(Stamps::default());
-    let engine = engine(&dir, Some(stamps.clone())).await;
-    let def = chain(len);
-    let start = Instant::now();
-    let report = engine.run(&def, json!({})).await.expect("run");
-    let wall = start.elapsed();
-    assert_eq!(report.state, "succeeded", "benchmark run failed: {report:?}");
-    let started = stamps.started.lock().expect("lock");
-    let succeeded = stamps.succeeded.lock().expect("lock");
-    // From the claim's commit to the finish's: the task's own cost.
-    let mut tasks: Vec<f64> = (0..len)
-        .filter_map(|i| {
+/// A chain of `len` tasks, `runs` times, each on a fresh engine and
+/// database: the figures are the runs' medians, with each run's engine time
+/// for the spread; the hop and task percentiles pool every run's.
+async fn bench_chain(len: usize, name: &str, runs: usize) -> Value {
+    let (mut walls, mut engines, mut tasks, mut hops) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let dir = tempfile::tempdir().expect("tmp");
+        let stamps = Arc::new(Stamps::default());
+        let engine = engine(&dir, Some(stamps.clone())).await;
+        let def = chain(len);
+        let start = Instant::now();
+        let report = engine.run(&def, json!({})).await.expect("run");
+        walls.push(start.elapsed().as_secs_f64());
+        assert_eq!(report.state, "succeeded", "benchmark run failed: {report:?}");
+        engines.push(engine_seconds(&report));
+        let started = stamps.started.lock().expect("lock");
+        let succeeded = stamps.succeeded.lock().expect("lock");
+        // From the claim's commit to the finish's: the task's own cost.
+        tasks.extend((0..len).filter_map(|i| {
             let claimed = started.get(&chain_key(i))?;
             let finished = succeeded.get(&chain_key(i))?;
             Some(finished.saturating_duration_since(*claimed).as_secs_f64() * 1000.0)
-        })
-        .collect();
-    tasks.sort_by(f64::total_cmp);
-    let mut hops: Vec<f64> = (1..len)
-        .filter_map(|i| {
+        }));
+        hops.extend((1..len).filter_map(|i| {
             let prev = succeeded.get(&chain_key(i - 1))?;
             let next = started.get(&chain_key(i))?;
             Some(next.saturating_duration_since(*prev).as_secs_f64() * 1000.0)
-        })
-        .collect();
+        }));
+    }
+    tasks.sort_by(f64::total_cmp);
     hops.sort_by(f64::total_cmp);
-    json!({"scenario": name, "tasks": len, "wall_s": wall.as_secs_f64(), "engine_s": engine_seconds(&report),
-           "tasks_per_s": len as f64 / wall.as_secs_f64(),
+    let wall = median(&walls);
+    json!({"scenario": name, "tasks": len, "runs": runs, "wall_s": wall, "engine_s": median(&engines),
+           "engine_s_runs": engines, "tasks_per_s": len as f64 / wall,
            "hop_ms_p50": percentile(&hops, 50.0), "hop_ms_p99": percentile(&hops, 99.0), "hop_ms_max": percentile(&hops, 100.0),
            "task_ms_p50": percentile(&tasks, 50.0)})
 }
@@ -221,8 +227,8 @@ async fn main() {
     for w in wanted {
         let result = match w.as_str() {
             "fanout" => bench_fanout().await,
-            "chain" => bench_chain(1_000, "chain").await,
-            "chain40" => bench_chain(40, "chain40").await,
+            "chain" => bench_chain(1_000, "chain", 1).await,
+            "chain40" => bench_chain(40, "chain40", 5).await,
             "concurrent" => bench_concurrent().await,
             "memory" => bench_memory().await,
             "cycles" => bench_cycles().await,
