@@ -19,7 +19,9 @@ use crate::{cargo, project_root};
 /// The suites, in the order they are written down.
 const SUITES: [&str; 4] = ["embedded", "postgres", "distributed", "api"];
 
-/// A target: scenario, metric, comparison, threshold, what the issue says.
+/// A target: scenario, metric (a path into the scenario's object,
+/// `cpu_ms_per_task/total` for a nested figure), comparison, threshold, what
+/// the issue says.
 struct Target {
     scenario: &'static str,
     metric: &'static str,
@@ -166,6 +168,49 @@ const TARGETS: &[Target] = &[
         1_000.0,
         "remote workers over the API on PostgreSQL (max 50): ≥ 1 000 tasks/s",
     ),
+    // Hot path v2 (issue 15): the same workloads, ten times the best peer.
+    at_least(
+        "fanout",
+        "tasks_per_s",
+        6_000.0,
+        "hot path v2: embedded 9 998-wide fan-out/fan-in ≥ 6 000 tasks/s",
+    ),
+    at_most(
+        "chain40",
+        "engine_s",
+        0.025,
+        "hot path v2: embedded 40-task chain, engine time ≤ 0.025 s",
+    ),
+    at_least(
+        "dist_fanout",
+        "tasks_per_s",
+        2_000.0,
+        "hot path v2: distributed 1 → 1 000 → 1 ≥ 2 000 tasks/s",
+    ),
+    at_most(
+        "dist_chain40",
+        "store_s",
+        0.10,
+        "hot path v2: distributed 40-task chain, engine time ≤ 0.10 s",
+    ),
+    at_most(
+        "dist_chain",
+        "hop_ms_p50",
+        2.0,
+        "hot path v2: distributed hop p50 ≤ 2.0 ms",
+    ),
+    at_most(
+        "dist_chain",
+        "hop_ms_p99",
+        8.0,
+        "hot path v2: distributed hop p99 ≤ 8 ms",
+    ),
+    at_most(
+        "dist_fanout",
+        "cpu_ms_per_task/total",
+        1.0,
+        "hot path v2: CPU per task, all processes and PostgreSQL backends ≤ 1.0 ms",
+    ),
 ];
 
 /// `cargo xtask bench`.
@@ -293,7 +338,7 @@ fn render_suite(suite: &str, results: &[Value]) -> String {
         .iter()
         .filter_map(|t| {
             let r = results.iter().find(|r| r["scenario"] == t.scenario)?;
-            Some((t, r[t.metric].as_f64()))
+            Some((t, r.pointer(&format!("/{}", t.metric)).and_then(Value::as_f64)))
         })
         .collect();
     if !targeted.is_empty() {
@@ -347,10 +392,26 @@ mod tests {
             "embedded",
             &[
                 json!({"scenario": "fanout", "tasks_per_s": 6000.0}),
-                json!({"scenario": "chain40", "wall_s": 0.5}),
+                json!({"scenario": "chain40", "wall_s": 0.5, "engine_s": 0.02}),
             ],
         );
         assert!(rendered.contains("tasks_per_s = 6000.000 | yes"), "{rendered}");
         assert!(rendered.contains("wall_s = 0.500 | **no**"), "{rendered}");
+        assert!(
+            rendered.contains("engine time ≤ 0.025 s | engine_s = 0.020 | yes"),
+            "{rendered}"
+        );
+        let nested = render_suite(
+            "distributed",
+            &[json!({"scenario": "dist_fanout", "tasks_per_s": 400.0, "cpu_ms_per_task": {"total": 5.5}})],
+        );
+        assert!(
+            nested.contains("≤ 1.0 ms | cpu_ms_per_task/total = 5.500 | **no**"),
+            "{nested}"
+        );
+        assert!(
+            nested.contains("≥ 2 000 tasks/s | tasks_per_s = 400.000 | **no**"),
+            "{nested}"
+        );
     }
 }
