@@ -272,9 +272,9 @@ impl SqliteStore {
         }))
     }
 
-    /// A success handed on (docs/design/scheduler.md#handoff): the finish,
-    /// then, in its transaction and only when it was recorded, the
-    /// promotion of the dependents it alone held back.
+    /// A success handed on (docs/design/scheduler.md#handoff), in one
+    /// call: the finish, then, in its transaction and only when it was
+    /// recorded, the promotion of the dependents it alone held back.
     async fn finish_handing_off(
         &self,
         id: TaskRunId,
@@ -288,35 +288,18 @@ impl SqliteStore {
         let output =
             serde_json::to_string(output).map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;
         let dependents = serde_json::to_string(&handoff.dependents).map_err(|e| store::Error::Other(e.to_string()))?;
-        let mut conn = self.inner.write().await?;
-        let rows = conn
-            .open_call(padded(
-                sql(queries::FINISH_SUCCEEDED_OPEN)
+        let moved = self
+            .inner
+            .write()
+            .await?
+            .call(padded(
+                sql(queries::FINISH_HANDING_OFF)
                     .bind(offset)
                     .bind(id.0)
                     .bind(token)
                     .bind(worker.0.clone())
-                    .bind(output.clone()),
-            ))
-            .await?;
-        let Some(row) = rows.first() else {
-            // Stale: nothing to hand on; the audit is kept.
-            conn.call(sql("COMMIT")).await?;
-            return Ok(Finished {
-                result: FinishResult::Stale,
-                held: Vec::new(),
-                queued: false,
-            });
-        };
-        let run: String = col(row, 0)?;
-        let key: String = col(row, 1)?;
-        let moved = conn
-            .call(padded(
-                sql(queries::HAND_OFF)
-                    .bind(offset)
-                    .bind(run.clone())
+                    .bind(output.clone())
                     .bind(dependents)
-                    .bind(id.0)
                     .bind(handoff.whole)
                     .bind(match handover {
                         Handover::Held(hold) => Some(duration_ms(hold)),
@@ -325,7 +308,16 @@ impl SqliteStore {
                     .bind(handover == Handover::Pushed),
             ))
             .await?;
-        drop(conn);
+        let Some(row) = tagged(&moved, 0).next() else {
+            // Stale: nothing was handed on; the audit is kept.
+            return Ok(Finished {
+                result: FinishResult::Stale,
+                held: Vec::new(),
+                queued: false,
+            });
+        };
+        let run: String = col(row, 1)?;
+        let key: String = col(row, 2)?;
         lock(&self.inner.inputs).output(run_id(&run)?, &key, id.0, &output);
         let promoted = tagged(&moved, 3).count();
         if promoted > 0 && handover == Handover::Sweep {
@@ -382,8 +374,8 @@ impl SqliteStore {
         let rows = self.inner.write().await?.call(padded(query)).await?;
         if let (Some(output), Some(row)) = (stored, rows.first()) {
             // Succeeded is terminal: this is the output every later read finds.
-            let run = run_id(&col::<String>(row, 0)?)?;
-            lock(&self.inner.inputs).output(run, &col::<String>(row, 1)?, id.0, &output);
+            let run = run_id(&col::<String>(row, 1)?)?;
+            lock(&self.inner.inputs).output(run, &col::<String>(row, 2)?, id.0, &output);
         }
         if rows.is_empty() {
             // Not a transition, but an audit fact

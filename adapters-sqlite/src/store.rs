@@ -72,7 +72,7 @@ const WAL_SIZE_LIMIT: &str = "67108864";
 /// the values bound it stops binding the statement, leaving its later
 /// `?NNN` NULL. Padding keeps every slot in range (`tests::padding_covers_every_call`
 /// checks each multi-statement SQL needs fewer).
-pub(crate) const PAD: usize = 16;
+pub(crate) const PAD: usize = 32;
 
 /// A query as the store builds it: SQL text is always a `'static` constant,
 /// values are always bound.
@@ -192,6 +192,15 @@ fn create_private(path: &std::path::Path) -> Result<(), store::Error> {
     }
 }
 
+/// The writer's slot, its connection given what only the writer's calls
+/// use: the temporary table of a finish that hands on, kept in memory.
+async fn writer(mut conn: SqliteConnection) -> Result<Slot, store::Error> {
+    for statement in ["PRAGMA temp_store = MEMORY", crate::queries::CREATE_HANDING_OFF] {
+        sqlx::query(statement).execute(&mut conn).await.map_err(store_error)?;
+    }
+    Ok(Slot::open(conn, None))
+}
+
 impl SqliteStore {
     /// Opens (creating if missing, with its folder) the database at `url`
     /// and applies the embedded migrations. A created file is private to
@@ -210,8 +219,7 @@ impl SqliteStore {
             // An in-memory database dies with its last connection, and
             // shared-cache connections lock whole tables: one connection,
             // never recycled, serves reads and writes alike.
-            let conn = options.connect().await.map_err(store_error)?;
-            let writer = Arc::new(Slot::open(conn, None));
+            let writer = Arc::new(writer(options.connect().await.map_err(store_error)?).await?);
             (writer.clone(), vec![writer], None)
         } else {
             let options = options
@@ -244,7 +252,7 @@ impl SqliteStore {
                 .connect()
                 .await
                 .map_err(store_error)?;
-            let writer = Arc::new(Slot::open(conn, None));
+            let writer = Arc::new(writer(conn).await?);
             // Opened after the writer switched the file to WAL: by the
             // warm-up below, or by their first use if that comes first.
             let readers = (0..READERS).map(|_| Arc::new(Slot::lazy(options.clone()))).collect();

@@ -154,6 +154,7 @@ macro_rules! reset_set {
 
 mod definitions;
 mod outbox;
+#[macro_use]
 mod pass;
 #[macro_use]
 mod runs;
@@ -176,8 +177,7 @@ pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
     vec![
         ("claim", CLAIM),
         ("finish succeeded", FINISH_SUCCEEDED),
-        ("finish succeeded, open", FINISH_SUCCEEDED_OPEN),
-        ("hand off", HAND_OFF),
+        ("finish handing off", FINISH_HANDING_OFF),
         ("finish failed", FINISH_FAILED),
         ("finish retry", FINISH_RETRY),
         ("finish cancelled", FINISH_CANCELLED),

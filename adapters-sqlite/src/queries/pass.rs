@@ -50,10 +50,18 @@ macro_rules! lower_pending {
 /// the index's WHERE: SQLite uses a partial index only when the query
 /// states its condition literally, and without it a pass would walk every
 /// row of the run, finished or not.
+/// `$run` is the run (`?2` unless named).
 macro_rules! promotable {
     () => {
-        "run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'pending' \
-         AND pending_deps = 0 AND compensate_for IS NULL"
+        promotable!("?2")
+    };
+    ($run:expr) => {
+        concat!(
+            "run_id = ",
+            $run,
+            " AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'pending' \
+             AND pending_deps = 0 AND compensate_for IS NULL"
+        )
     };
 }
 
@@ -156,9 +164,12 @@ pub(crate) const TAKE_AGAIN: &str = concat!(take_flagged!(), "; ", take_run_flag
 /// satisfy_dependencies' promotion (its plan is checked in `plans.rs`).
 macro_rules! promote_ready {
     () => {
+        promote_ready!("?2")
+    };
+    ($run:expr) => {
         concat!(
             "UPDATE task_run SET state = 'ready' WHERE ",
-            promotable!(),
+            promotable!($run),
             " RETURNING 3 AS tag, id, task_key"
         )
     };
@@ -181,38 +192,61 @@ pub(crate) const SATISFY: &str = concat!(
     activity!()
 );
 
-/// finish_and_hand_off's second call, in the success's transaction
-/// (docs/design/scheduler.md#handoff): each named dependent still pending
+/// The run of the success a [`FINISH_HANDING_OFF`](super::FINISH_HANDING_OFF)
+/// call recorded, or NULL when the finish was stale (the writer
+/// connection's `temp.handing_off`, empty outside such a call).
+macro_rules! handing_run {
+    () => {
+        "(SELECT run_id FROM temp.handing_off)"
+    };
+}
+
+/// finish_and_hand_off's promotion, in the success's transaction
+/// (docs/design/scheduler.md#handoff), for the run [`handing_run!`] names,
+/// so none when the finish was stale: each named dependent still pending
 /// at a counter of one in a run not cancel-requested goes to zero, then
 /// takes the pass's promotion (events, outbox rows, ready); the success
-/// is flagged unless the handoff is whole and every named dependent moved
-/// (`changes()` of the promotion). The outbox rows are returned, tagged 4
-/// (docs/design/outbox-and-queues.md#publish-after-commit): with a hold
-/// (`?6` milliseconds) they are held from the sweep that long, and whether
-/// other rows wait for the sweep comes back tagged 5; pushed (`?7`), they
-/// are written published. `?2` run, `?3` the dependents (a JSON array),
-/// `?4` the finished task run, `?5` whole, `?6` the hold or NULL, `?7`
-/// whether the caller pushes them.
-pub(crate) const HAND_OFF: &str = concat!(
-    "UPDATE task_run SET pending_deps = 0 \
-     WHERE run_id = ?2 AND task_key IN (SELECT value FROM json_each(?3)) \
-     AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'pending' \
-     AND pending_deps = 1 AND compensate_for IS NULL \
-     AND (SELECT cancel_requested_at FROM workflow_run WHERE id = ?2) IS NULL; ",
-    batch_events!("dependencies_satisfied", "pending", "ready", promotable!()),
-    "; ",
-    batch_dispatch!(
-        promotable!(),
-        concat!("CASE WHEN ?6 IS NOT NULL THEN ", now!(), " + ?6 END"),
-        concat!("CASE WHEN ?7 THEN ", now!(), " END"),
-        " RETURNING 4 AS tag, id, task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority"
-    ),
-    "; ",
-    promote_ready!(),
-    "; UPDATE task_run SET needs_pass = 1 WHERE id = ?4 AND NOT (?5 AND changes() = json_array_length(?3)); \
-     SELECT 5 AS tag, EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND sweep_after IS NULL) WHERE ?6 IS NOT NULL; \
-     COMMIT"
-);
+/// (`?2`) is flagged unless the handoff is whole and every named dependent
+/// moved (`changes()` of the promotion). The outbox rows are returned,
+/// tagged 4 (docs/design/outbox-and-queues.md#publish-after-commit): with
+/// a hold (`?8` milliseconds) they are held from the sweep that long, and
+/// whether other rows wait for the sweep comes back tagged 5; pushed
+/// (`?9`), they are written published. `?6` the dependents (a JSON
+/// array), `?7` whole.
+macro_rules! hand_off {
+    () => {
+        concat!(
+            "UPDATE task_run SET pending_deps = 0 \
+             WHERE run_id = ",
+            handing_run!(),
+            " AND task_key IN (SELECT value FROM json_each(?6)) \
+             AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'pending' \
+             AND pending_deps = 1 AND compensate_for IS NULL \
+             AND (SELECT cancel_requested_at FROM workflow_run WHERE id = ",
+            handing_run!(),
+            ") IS NULL; ",
+            batch_events!(
+                "dependencies_satisfied",
+                "pending",
+                "ready",
+                promotable!(handing_run!())
+            ),
+            "; ",
+            batch_dispatch!(
+                promotable!(handing_run!()),
+                concat!("CASE WHEN ?8 IS NOT NULL THEN ", now!(), " + ?8 END"),
+                concat!("CASE WHEN ?9 THEN ", now!(), " END"),
+                " RETURNING 4 AS tag, id, task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority"
+            ),
+            "; ",
+            promote_ready!(handing_run!()),
+            "; UPDATE task_run SET needs_pass = 1 WHERE id = ?2 AND EXISTS (SELECT 1 FROM temp.handing_off) \
+             AND NOT (?7 AND changes() = json_array_length(?6)); \
+             SELECT 5 AS tag, EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND sweep_after IS NULL) \
+             WHERE ?8 IS NOT NULL AND EXISTS (SELECT 1 FROM temp.handing_off)"
+        )
+    };
+}
 
 /// promote_due_retries' first statement: mark the run's due retries
 /// (`taskrun_active_idx`).

@@ -43,9 +43,14 @@ pub(crate) const CLAIM: &str = concat!(
 );
 
 /// finish_task_run, `succeed`, its transaction left open, setting the
-/// flag to `$flag`: `?2` id, `?3` token, `?4` worker, `?5` output.
+/// flag to `$flag`, with `$then` between the success's event and the
+/// stale audit: `?2` id, `?3` token, `?4` worker, `?5` output. The
+/// success's row comes back tagged 0.
 macro_rules! finish_succeeded {
     ($flag:literal) => {
+        finish_succeeded!($flag, "")
+    };
+    ($flag:literal, $then:expr) => {
         concat!(
             "BEGIN IMMEDIATE; \
              UPDATE task_run SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL, finished_at = ",
@@ -53,9 +58,10 @@ macro_rules! finish_succeeded {
             ", result = ?5, needs_pass = ",
             $flag,
             " WHERE id = ?2 AND state = 'running' AND fencing_token = ?3 \
-             RETURNING run_id, task_key; ",
+             RETURNING 0 AS tag, run_id, task_key; ",
             event_if_changed!("succeed", "running", "succeeded", "?4", "NULL"),
             "; ",
+            $then,
             stale_audit!("succeed")
         )
     };
@@ -64,12 +70,29 @@ macro_rules! finish_succeeded {
 /// finish_task_run, `succeed`.
 pub(crate) const FINISH_SUCCEEDED: &str = concat!(finish_succeeded!("1"), "; COMMIT");
 
-/// finish_and_hand_off's first call: the success, its transaction left
-/// open for [`HAND_OFF`](super::HAND_OFF) when it was recorded, else
-/// ended by a plain `COMMIT` (the audit of a stale finish stays). The flag
-/// is left as it was (a first claim's stays): `HAND_OFF` sets it unless
-/// the handoff was whole.
-pub(crate) const FINISH_SUCCEEDED_OPEN: &str = finish_succeeded!("needs_pass");
+/// The writer connection's own table for [`FINISH_HANDING_OFF`]: the run
+/// of the success the call recorded, so that its later statements act
+/// only on a recorded success (a temporary table lives and dies with its
+/// connection, and is rolled back with the call's transaction).
+pub(crate) const CREATE_HANDING_OFF: &str = "CREATE TEMP TABLE IF NOT EXISTS handing_off (run_id TEXT NOT NULL)";
+
+/// finish_and_hand_off in one call (docs/design/scheduler.md#handoff): the
+/// success, then, only when it was recorded, [`hand_off!`]'s promotion of
+/// the dependents it alone held back. The flag is left as it was (a first
+/// claim's stays): the promotion sets it unless the handoff was whole. A
+/// stale finish keeps its audit and promotes nothing. `?2` id, `?3` token,
+/// `?4` worker, `?5` output, `?6` the dependents (a JSON array), `?7`
+/// whole, `?8` the hold in milliseconds or NULL, `?9` whether the caller
+/// pushes the dispatches.
+pub(crate) const FINISH_HANDING_OFF: &str = concat!(
+    finish_succeeded!(
+        "needs_pass",
+        "INSERT INTO temp.handing_off (run_id) SELECT run_id FROM task_run WHERE id = ?2 AND changes() = 1; "
+    ),
+    "; ",
+    hand_off!(),
+    "; DELETE FROM temp.handing_off; COMMIT"
+);
 
 /// finish_task_run, `fail` for good: `?5` the error.
 pub(crate) const FINISH_FAILED: &str = concat!(
