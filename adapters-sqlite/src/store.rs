@@ -65,6 +65,9 @@ const WRITER_AUTOCHECKPOINT: &str = "10000";
 /// a busy writer rarely catch up with it, so a long burst grows the WAL
 /// further than SQLite's own checkpoints would; this gives the space back.
 const WAL_SIZE_LIMIT: &str = "67108864";
+/// How long a call's caller keeps its thread awake waiting for the
+/// answer ([`eager`]): about a claim or a finish on a small VM.
+const EAGER_WAIT: Duration = Duration::from_micros(250);
 
 /// NULLs bound after a multi-statement call's own values. sqlx numbers a
 /// statement's unused slots below its highest `?NNN` positionally, counting
@@ -550,7 +553,7 @@ impl Conn {
         let conn = state.conn.as_mut().ok_or_else(|| Failure::Store(closed()))?;
         // `fetch_all`, never `fetch_optional`: it stops after the first row
         // and would leave the call's later statements (COMMIT) unrun.
-        match q.fetch_all(conn).await {
+        match eager(q.fetch_all(conn), EAGER_WAIT).await {
             Ok(rows) => Ok(rows),
             Err(e) => {
                 // The original failure is what the caller needs; a failed
@@ -601,6 +604,41 @@ impl Drop for Conn {
             });
         }
     }
+}
+
+/// Awaits `work`, polling it again in place for up to `wait` instead of
+/// letting the caller's thread sleep between the messages of one call.
+///
+/// sqlx-sqlite answers a call with one channel message per statement and
+/// per row, each waking the awaiting task; a runtime thread that found
+/// nothing else to do sleeps in between, and on a VM whose idle vCPUs
+/// halt, each wake-up is a VM exit. The embedded benchmark's 1 000-deep
+/// chain counted 22 voluntary context switches per task this way, and 3
+/// with this wait (BENCHMARKS.md, "hot path v2: waiting for SQLite
+/// awake"). Spinning in place, rather than asking the
+/// runtime to poll again (which may hand the task to its other thread),
+/// keeps the answer on the thread that asked. The wait is about one claim
+/// or finish, so the thread is held no longer than a synchronous SQLite
+/// call would hold it; past it, the task waits for its waker as any other.
+async fn eager<F: std::future::Future>(work: F, wait: Duration) -> F::Output {
+    use std::task::Poll;
+    let mut work = std::pin::pin!(work);
+    let mut until = None;
+    std::future::poll_fn(move |cx| {
+        loop {
+            match work.as_mut().poll(cx) {
+                Poll::Ready(out) => return Poll::Ready(out),
+                Poll::Pending => {
+                    let until = *until.get_or_insert_with(|| std::time::Instant::now() + wait);
+                    if std::time::Instant::now() >= until {
+                        return Poll::Pending;
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    })
+    .await
 }
 
 /// A JSON array of row ids, for `json_each(?)` batches.
@@ -681,6 +719,39 @@ mod tests {
         assert_ne!(bare, [Some(3), Some(3), Some(3), Some(1)], "unpadded binds go astray");
         let padded = values(super::padded(q()).fetch_all(&mut conn).await.expect("padded"));
         assert_eq!(padded, [Some(3), Some(3), Some(3), Some(1)]);
+    }
+
+    /// A future that is ready on its third poll and never wakes its task.
+    fn ready_on_third_poll() -> impl std::future::Future<Output = u32> {
+        let mut polls = 0;
+        std::future::poll_fn(move |_| {
+            polls += 1;
+            if polls == 3 {
+                std::task::Poll::Ready(polls)
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+    }
+
+    #[tokio::test]
+    async fn eager_polls_again_while_its_wait_lasts_then_leaves_it_to_the_waker() {
+        use std::time::Duration;
+        let long = Duration::from_secs(30);
+        assert_eq!(
+            tokio::time::timeout(long, super::eager(ready_on_third_poll(), long)).await,
+            Ok(3),
+            "polled again at once within the wait"
+        );
+        assert!(
+            tokio::time::timeout(
+                Duration::from_millis(50),
+                super::eager(ready_on_third_poll(), Duration::ZERO)
+            )
+            .await
+            .is_err(),
+            "past the wait, only a wake-up polls it again"
+        );
     }
 
     #[test]
