@@ -615,11 +615,11 @@ impl Drop for Conn {
 /// halt, each wake-up is a VM exit. The embedded benchmark's 1 000-deep
 /// chain counted 22 voluntary context switches per task this way, and 3
 /// with this wait (BENCHMARKS.md, "hot path v2: waiting for SQLite
-/// awake"). Spinning in place, rather than asking the
-/// runtime to poll again (which may hand the task to its other thread),
-/// keeps the answer on the thread that asked. The wait is about one claim
-/// or finish, so the thread is held no longer than a synchronous SQLite
-/// call would hold it; past it, the task waits for its waker as any other.
+/// awake"). Polling in place, rather than asking the runtime to poll
+/// again (which may hand the task to its other thread), keeps the answer
+/// on the thread that asked. The wait is about one claim or finish, so
+/// the thread is held no longer than a synchronous SQLite call would hold
+/// it; past it, the task waits for its waker as any other.
 async fn eager<F: std::future::Future>(work: F, wait: Duration) -> F::Output {
     use std::task::Poll;
     let mut work = std::pin::pin!(work);
