@@ -222,6 +222,13 @@ pub async fn a_handoff_leaves_what_else_holds_back_to_the_pass<F: StoreFactory>(
             .is_empty()
     );
     p.commit().await.expect("commit");
+    // A duplicate of a's success finds c at one, held back by b alone: it
+    // is stale and hands nothing on.
+    assert_eq!(
+        hand_off(&s, &a, "w", succeeded(json!({})), &naming(&["c"], true)).await,
+        FinishResult::Stale
+    );
+    assert_eq!(view(&s, run, "c").await.state, TaskRunState::Pending);
     // b's success finds c at one: it hands c on, and the pass that counts
     // b's success finds c no longer pending.
     hand_off(&s, &b, "w", succeeded(json!({})), &naming(&["c"], false)).await;
