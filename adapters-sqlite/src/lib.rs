@@ -22,7 +22,9 @@
 //! `changes()` (the rows the UPDATE changed), or, for a batch, by an INSERT
 //! placed before the UPDATE with the very same time-free WHERE: under the
 //! write lock nothing else changes the rows in between, so both see the
-//! same rows.
+//! same rows. Claims and finishes that wait for the writer while it is
+//! busy commit together, each still its own conditional statements with
+//! its own answer (see the `group` module).
 //!
 //! Two more costs are kept off the path from one task to the next: WAL
 //! checkpoints (each copies pages back and fsyncs twice) run on a
@@ -49,6 +51,7 @@ mod queries;
 
 mod definitions;
 mod error;
+mod group;
 mod inputs;
 mod notify;
 mod outbox;

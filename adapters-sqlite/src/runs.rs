@@ -26,6 +26,7 @@ use serde_json::{Map, Value};
 use sqlx::Row;
 
 use crate::error::{is_unique_violation, store_error};
+use crate::group::Write;
 use crate::notify::SqliteNotifier;
 use crate::outbox::OutboxRow;
 use crate::pass::SqlitePass;
@@ -288,25 +289,24 @@ impl SqliteStore {
         let output =
             serde_json::to_string(output).map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;
         let dependents = serde_json::to_string(&handoff.dependents).map_err(|e| store::Error::Other(e.to_string()))?;
+        let (worker, stored, whole) = (worker.0.clone(), output.clone(), handoff.whole);
+        let hold = match handover {
+            Handover::Held(hold) => Some(duration_ms(hold)),
+            Handover::Sweep | Handover::Pushed => None,
+        };
         let moved = self
             .inner
-            .write()
-            .await?
-            .call(padded(
-                sql(queries::FINISH_HANDING_OFF)
-                    .bind(offset)
+            .grouped(Write::new(queries::FINISH_HANDING_OFF, move |q| {
+                q.bind(offset)
                     .bind(id.0)
                     .bind(token)
-                    .bind(worker.0.clone())
-                    .bind(output.clone())
-                    .bind(dependents)
-                    .bind(handoff.whole)
-                    .bind(match handover {
-                        Handover::Held(hold) => Some(duration_ms(hold)),
-                        Handover::Sweep | Handover::Pushed => None,
-                    })
-                    .bind(handover == Handover::Pushed),
-            ))
+                    .bind(worker.clone())
+                    .bind(stored.clone())
+                    .bind(dependents.clone())
+                    .bind(whole)
+                    .bind(hold)
+                    .bind(handover == Handover::Pushed)
+            }))
             .await?;
         let Some(row) = tagged(&moved, 0).next() else {
             // Stale: nothing was handed on; the audit is kept.
@@ -350,28 +350,40 @@ impl SqliteStore {
         outcome: TaskOutcome,
     ) -> Result<FinishResult, store::Error> {
         let offset = self.inner.offset();
-        let base = |text: &'static str| sql(text).bind(offset).bind(id.0).bind(token).bind(worker.0.clone());
+        let worker = worker.0.clone();
+        let write = move |text: &'static str, values: Option<(String, Option<i64>)>| {
+            Write::new(text, move |q| {
+                let q = q.bind(offset).bind(id.0).bind(token).bind(worker.clone());
+                match &values {
+                    Some((value, delay)) => q.bind(value.clone()).bind(*delay),
+                    None => q,
+                }
+            })
+        };
         let mut stored = None;
-        let (query, rests_in) = match outcome {
+        let (write, rests_in) = match outcome {
             TaskOutcome::Succeeded { output } => {
                 let output = serde_json::to_string(&output)
                     .map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;
                 stored = Some(output.clone());
-                (base(queries::FINISH_SUCCEEDED).bind(output), TaskRunState::Succeeded)
+                (
+                    write(queries::FINISH_SUCCEEDED, Some((output, None))),
+                    TaskRunState::Succeeded,
+                )
             }
             TaskOutcome::Failed { error, retry_in: None } => {
-                (base(queries::FINISH_FAILED).bind(error), TaskRunState::Failed)
+                (write(queries::FINISH_FAILED, Some((error, None))), TaskRunState::Failed)
             }
             TaskOutcome::Failed {
                 error,
                 retry_in: Some(delay),
             } => (
-                base(queries::FINISH_RETRY).bind(error).bind(duration_ms(delay)),
+                write(queries::FINISH_RETRY, Some((error, Some(duration_ms(delay))))),
                 TaskRunState::Retrying,
             ),
-            TaskOutcome::Cancelled => (base(queries::FINISH_CANCELLED), TaskRunState::Cancelled),
+            TaskOutcome::Cancelled => (write(queries::FINISH_CANCELLED, None), TaskRunState::Cancelled),
         };
-        let rows = self.inner.write().await?.call(padded(query)).await?;
+        let rows = self.inner.grouped(write).await?;
         if let (Some(output), Some(row)) = (stored, rows.first()) {
             // Succeeded is terminal: this is the output every later read finds.
             let run = run_id(&col::<String>(row, 1)?)?;
@@ -505,18 +517,12 @@ impl RunStore for SqliteStore {
         // `started_at IS NULL` in SET reads the old row: the first start of
         // a task while its run is still pending flags the run's pass, which
         // moves the run to running.
+        let (worker, lease) = (worker.0.clone(), duration_ms(lease));
         let rows = self
             .inner
-            .write()
-            .await?
-            .call(padded(
-                sql(queries::CLAIM)
-                    .bind(offset)
-                    .bind(id.0)
-                    .bind(token)
-                    .bind(&worker.0)
-                    .bind(duration_ms(lease)),
-            ))
+            .grouped(Write::new(queries::CLAIM, move |q| {
+                q.bind(offset).bind(id.0).bind(token).bind(worker.clone()).bind(lease)
+            }))
             .await?;
         let Some(row) = rows.first() else {
             return Ok(None);

@@ -31,6 +31,7 @@ use sqlx::{ConnectOptions, Connection, Sqlite, SqliteConnection};
 use tokio::sync::{OwnedMutexGuard, mpsc};
 
 use crate::error::{migrate_error, store_error};
+use crate::group::Group;
 use crate::inputs::InputCache;
 use crate::notify::Wakeups;
 use crate::rows::{col, offset_ms};
@@ -130,6 +131,8 @@ pub(crate) struct Inner {
     /// The forward tasks a start of each definition creates, already read:
     /// a published (name, version) never changes, so neither do they.
     pub(crate) start_tasks: Mutex<HashMap<WorkflowId, Arc<[StartTask]>>>,
+    /// Claims and finishes waiting for the writer, to commit together.
+    pub(crate) group: Group,
 }
 
 /// A forward task as a start creates its task run: key, dependency
@@ -282,6 +285,7 @@ impl SqliteStore {
                 sweep_gate: tokio::sync::Mutex::new(()),
                 inputs: Mutex::new(InputCache::default()),
                 start_tasks: Mutex::new(HashMap::new()),
+                group: Group::default(),
             }),
         };
         store.migrate().await?;
@@ -365,16 +369,32 @@ impl Inner {
         offset_ms(&*self.clock)
     }
 
-    /// The writer connection, exclusively, until the guard is dropped.
+    /// The writer connection, exclusively, until the guard is dropped, for
+    /// one write call.
     pub(crate) async fn write(&self) -> Result<Conn, store::Error> {
-        let conn = Conn::acquire(&self.writer).await?;
-        if let Some(checkpoints) = &self.checkpoints
-            && self.writes.fetch_add(1, Ordering::Relaxed) % CHECKPOINT_EVERY == CHECKPOINT_EVERY - 1
-        {
+        let conn = self.hold_writer().await?;
+        self.wrote(1);
+        Ok(conn)
+    }
+
+    /// The writer connection, counting no write: the caller counts what
+    /// it writes ([`Inner::wrote`]).
+    pub(crate) async fn hold_writer(&self) -> Result<Conn, store::Error> {
+        Conn::acquire(&self.writer).await
+    }
+
+    /// Counts `calls` write calls, asking for a background checkpoint each
+    /// time the count crosses a multiple of [`CHECKPOINT_EVERY`].
+    pub(crate) fn wrote(&self, calls: usize) {
+        let Some(checkpoints) = &self.checkpoints else {
+            return;
+        };
+        let calls = u32::try_from(calls).unwrap_or(u32::MAX);
+        let before = self.writes.fetch_add(calls, Ordering::Relaxed);
+        if before / CHECKPOINT_EVERY != before.wrapping_add(calls) / CHECKPOINT_EVERY {
             // Full: a checkpoint is already due, and will cover these pages.
             let _ = checkpoints.try_send(());
         }
-        Ok(conn)
     }
 
     /// A reader connection: the first free one, so a connection is opened

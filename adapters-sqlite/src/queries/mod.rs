@@ -170,10 +170,11 @@ pub(crate) use schedules::*;
 pub(crate) use tokens::*;
 pub(crate) use workers::*;
 
-/// Every SQL text sent with several statements in one call, for the
-/// checks that each is bound safely (`store::tests`) and parses.
+/// The calls that join a group commit (`group`), each `BEGIN IMMEDIATE;
+/// …; COMMIT` around statements that can run inside another's
+/// transaction.
 #[cfg(test)]
-pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
+pub(crate) fn grouped_writes() -> Vec<(&'static str, &'static str)> {
     vec![
         ("claim", CLAIM),
         ("finish succeeded", FINISH_SUCCEEDED),
@@ -181,6 +182,15 @@ pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
         ("finish failed", FINISH_FAILED),
         ("finish retry", FINISH_RETRY),
         ("finish cancelled", FINISH_CANCELLED),
+    ]
+}
+
+/// Every SQL text sent with several statements in one call, for the
+/// checks that each is bound safely (`store::tests`) and parses.
+#[cfg(test)]
+pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
+    let mut calls = grouped_writes();
+    calls.extend([
         ("renew", RENEW_LEASE),
         ("request_cancel", REQUEST_CANCEL),
         ("generic satisfied", GENERIC_SATISFIED),
@@ -225,7 +235,8 @@ pub(crate) fn multi_statement_calls() -> Vec<(&'static str, &'static str)> {
         ("buffered begin", BUFFERED_BEGIN),
         ("buffered started", BUFFERED_STARTED),
         ("backfill begin", BACKFILL_BEGIN),
-    ]
+    ]);
+    calls
 }
 
 #[cfg(test)]
