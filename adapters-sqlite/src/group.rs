@@ -130,12 +130,12 @@ impl Inner {
 /// Runs a group and answers each of its writes: together when there are
 /// several, and each alone when they are one or together failed (a
 /// write's own error must not fail the others).
-async fn run(#[cfg_attr(not(test), expect(unused))] waiting: &Group, conn: &mut Conn, group: Vec<Waiting>) {
+async fn run(#[cfg_attr(not(test), expect(unused))] counts: &Group, conn: &mut Conn, group: Vec<Waiting>) {
     if group.len() > 1 {
         match together(conn, &group).await {
             Ok(answers) => {
                 #[cfg(test)]
-                waiting.together.fetch_add(1, Ordering::Relaxed);
+                counts.together.fetch_add(1, Ordering::Relaxed);
                 for (waiting, rows) in group.into_iter().zip(answers) {
                     // A caller that went no longer wants its answer.
                     let _ = waiting.answer.send(Ok(rows));
