@@ -7,8 +7,9 @@
 //! write waiting at that moment and runs them. A caller that finds its
 //! write already answered when the writer comes to it only hands the
 //! writer on. So a lone write runs at once, alone, as before, and a
-//! burst shares the commit's fixed cost (the write lock, the WAL frames
-//! of pages the writes share, one answer per call from SQLite's thread).
+//! burst shares the transaction's fixed cost: the write lock, and the WAL
+//! frames of the pages its writes share. It still takes one call to
+//! SQLite's thread per write.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
