@@ -186,7 +186,12 @@ impl PgStore {
                 .bind(output)
                 .bind(MAX_STALE_AUDITS_PER_TASK_RUN)
                 .bind(&handoff.dependents)
-                .bind(handoff.whole)
+                // The joins are left to the pass, which lowers a wide
+                // join's counter once for all the successes it sees, where
+                // each success lowering it would make it a hot row
+                // (docs/design/scheduler.md#joins): a success naming any is
+                // flagged.
+                .bind(handoff.whole && handoff.joins.is_empty())
                 .bind(match handover {
                     Handover::Held(hold) => Some(micros(hold)),
                     Handover::Sweep | Handover::Pushed => None,

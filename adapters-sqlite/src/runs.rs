@@ -275,7 +275,9 @@ impl SqliteStore {
 
     /// A success handed on (docs/design/scheduler.md#handoff), in one
     /// call: the finish, then, in its transaction and only when it was
-    /// recorded, the promotion of the dependents it alone held back.
+    /// recorded, the promotion of the dependents it alone held back and,
+    /// when that is all a pass would do, the lowering of its joins
+    /// (docs/design/scheduler.md#joins).
     async fn finish_handing_off(
         &self,
         id: TaskRunId,
@@ -288,7 +290,8 @@ impl SqliteStore {
         let offset = self.inner.offset();
         let output =
             serde_json::to_string(output).map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;
-        let dependents = serde_json::to_string(&handoff.dependents).map_err(|e| store::Error::Other(e.to_string()))?;
+        let names = |keys: &[String]| serde_json::to_string(keys).map_err(|e| store::Error::Other(e.to_string()));
+        let (dependents, joins) = (names(&handoff.dependents)?, names(&handoff.joins)?);
         let (worker, stored, whole) = (worker.0.clone(), output.clone(), handoff.whole);
         let hold = match handover {
             Handover::Held(hold) => Some(duration_ms(hold)),
@@ -306,6 +309,7 @@ impl SqliteStore {
                     .bind(whole)
                     .bind(hold)
                     .bind(handover == Handover::Pushed)
+                    .bind(joins.clone())
             }))
             .await?;
         let Some(row) = tagged(&moved, 0).next() else {
@@ -323,7 +327,7 @@ impl SqliteStore {
         if promoted > 0 && handover == Handover::Sweep {
             self.inner.wakeups.wake(Topic::Publisher);
         }
-        if !(handoff.whole && promoted == handoff.dependents.len()) {
+        if tagged(&moved, 6).next().is_some() {
             self.inner.wakeups.wake(Topic::Scheduler);
         }
         let queued = match tagged(&moved, 5).next() {
@@ -717,7 +721,7 @@ impl RunStore for SqliteStore {
     ) -> Result<Finished, store::Error> {
         let outcome = outcome.storable();
         if let TaskOutcome::Succeeded { output } = &outcome
-            && !handoff.dependents.is_empty()
+            && !handoff.is_empty()
         {
             return self
                 .finish_handing_off(id, token, worker, output, handoff, handover)

@@ -229,18 +229,33 @@ pub fn run_edges(current: RunState, verdict: Verdict, any_started: bool) -> &'st
 /// What a forward task's success hands on in its own transaction
 /// (docs/design/scheduler.md#handoff): the dependents it alone holds back,
 /// which the store makes ready beside the success if their counter is
-/// still at one, so the common hop does not wait for a pass.
+/// still at one, so the common hop does not wait for a pass; and the
+/// joins it holds back with other tasks, whose counters a store may lower
+/// beside the success (docs/design/scheduler.md#joins).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Handoff {
     /// Dependents whose only dependency is the task and that nothing else
     /// holds back (no condition, no map, no concurrency limit in the
     /// workflow), ascending.
     pub dependents: Vec<String>,
-    /// Whether promoting `dependents` is all a pass would do for this
-    /// success: then, once they are promoted, the success does not flag
-    /// its run for a pass. Never true for a task without dependents (its
-    /// success may settle the run).
+    /// Dependents that wait on other tasks too and that nothing else holds
+    /// back, ascending. A store that lowers a shared counter cheaply (one
+    /// writer, no row versions) lowers each by one beside the success and
+    /// makes ready one that reaches zero; a store that does not leaves
+    /// them to the pass and flags the success.
+    pub joins: Vec<String>,
+    /// Whether handing on `dependents` and lowering `joins` is all a pass
+    /// would do for this success: then, once they have moved, the success
+    /// does not flag its run for a pass. Never true for a task without
+    /// dependents (its success may settle the run).
     pub whole: bool,
+}
+
+impl Handoff {
+    /// Whether it names nothing: the success is flagged for the pass.
+    pub fn is_empty(&self) -> bool {
+        self.dependents.is_empty() && self.joins.is_empty()
+    }
 }
 
 /// The [`Handoff`] of a success of task `key` of `def`. Nothing for a
@@ -252,17 +267,20 @@ pub fn handoff(def: &WorkflowDefinition, key: &str) -> Handoff {
         return Handoff::default();
     }
     let mut whole = true;
-    let mut dependents = Vec::new();
+    let (mut dependents, mut joins) = (Vec::new(), Vec::new());
     for task in def.graph().dependents_of(key).filter_map(|d| def.task(d)) {
-        if task.depends_on().len() == 1 && !task.holds() {
+        if task.holds() {
+            whole = false;
+        } else if task.depends_on().len() == 1 {
             dependents.push(task.key().to_owned());
         } else {
-            whole = false;
+            joins.push(task.key().to_owned());
         }
     }
     Handoff {
-        whole: whole && !dependents.is_empty(),
+        whole: whole && !(dependents.is_empty() && joins.is_empty()),
         dependents,
+        joins,
     }
 }
 
@@ -475,8 +493,10 @@ mod tests {
         /// A success hands on only dependents it alone holds back and that
         /// the pass would promote at once: their only dependency is the
         /// task, nothing holds them, and the workflow has no limits. It
-        /// skips the pass only when that is every dependent, and never
-        /// for a task without dependents (its success may settle the run).
+        /// names as joins the dependents nothing holds that wait on other
+        /// tasks too, which the pass would lower by one for it. It skips
+        /// the pass only when those two are every dependent, and never for
+        /// a task without dependents (its success may settle the run).
         #[test]
         fn a_handoff_never_promotes_what_the_pass_would_hold(
             (keys, deps) in arb_graph(),
@@ -496,14 +516,18 @@ mod tests {
                     prop_assert_eq!(task.depends_on(), std::slice::from_ref(key));
                     prop_assert!(!task.holds());
                 }
-                let every = below.iter().all(|d| handoff.dependents.iter().any(|h| h == d));
-                prop_assert_eq!(handoff.whole, every && !below.is_empty());
-                // Counting this success as the pass does brings exactly
-                // the handed-on dependents to zero among those it alone
-                // held back.
+                for j in &handoff.joins {
+                    let task = def.task(j).expect("a task of the definition");
+                    prop_assert!(task.depends_on().len() > 1 && task.depends_on().contains(key));
+                    prop_assert!(!task.holds());
+                }
+                let named = |d: &&str| handoff.dependents.iter().chain(&handoff.joins).any(|h| h == d);
+                prop_assert_eq!(handoff.whole, below.iter().all(named) && !below.is_empty());
+                // Counting this success as the pass does lowers each named
+                // task by exactly one: the handed-on dependents to zero.
                 let reaction = react(def.graph(), |k| def.task(k).map(TaskDefinition::trigger).unwrap_or_default(),
                     [(key.as_str(), TaskRunState::Succeeded)]);
-                for d in &handoff.dependents {
+                for d in handoff.dependents.iter().chain(&handoff.joins) {
                     prop_assert_eq!(reaction.satisfied.get(d.as_str()), Some(&1));
                 }
             }

@@ -588,6 +588,7 @@ async fn a_handoff_waits_for_a_cancel_request_in_flight_and_then_hands_on_nothin
         let store = store.clone();
         let handoff = flowforge_domain::plan::Handoff {
             dependents: vec!["b".to_owned()],
+            joins: Vec::new(),
             whole: true,
         };
         tokio::spawn(async move {

@@ -542,6 +542,81 @@ async fn a_pass_committed_without_taking_its_flags_leaves_them() {
     );
 }
 
+/// A fan-in's successes lower the join's counter themselves
+/// (docs/design/scheduler.md#joins): no success is flagged, and the last
+/// one makes the join ready, with its event and dispatch, without a pass.
+#[tokio::test]
+async fn a_fan_ins_successes_hand_the_join_on_without_a_pass() {
+    let factory = SqliteFactory::default();
+    let store = open(&factory.path()).await;
+    let def = definition(json!({"name": "fan-in", "version": 1, "tasks": [
+        {"key": "a", "task_type": "noop"},
+        {"key": "b", "task_type": "noop"},
+        {"key": "c", "task_type": "noop"},
+        {"key": "j", "task_type": "noop", "depends_on": ["a", "b", "c"]}
+    ]}));
+    let published = store.publish_definition(&def).await.expect("publish");
+    let run = store.start_run(published.id, json!({})).await.expect("start");
+    let w = WorkerId("w".into());
+    let mut claims = Vec::new();
+    for key in ["a", "b", "c"] {
+        let t = task(&store, run, key).await;
+        claims.push(
+            store
+                .claim_task_run(t.id, t.token, &w, Duration::from_secs(300))
+                .await
+                .expect("claim")
+                .expect("won"),
+        );
+    }
+    // The first claims' flags, as the pass that starts the run takes them.
+    let mut pass = store.begin_pass(run).await.expect("begin_pass").expect("free");
+    pass.take_flagged().await.expect("take_flagged");
+    pass.commit().await.expect("commit");
+    for (i, claim) in claims.iter().enumerate() {
+        let handoff = flowforge_domain::plan::handoff(&def, &claim.task_key);
+        assert_eq!((handoff.joins.as_slice(), handoff.whole), (&["j".to_owned()][..], true));
+        let finished = store
+            .finish_and_hand_off(
+                claim.task_run_id,
+                claim.token,
+                &w,
+                flowforge_ports::TaskOutcome::Succeeded { output: json!(i) },
+                &handoff,
+                flowforge_ports::Handover::Pushed,
+            )
+            .await
+            .expect("finish");
+        assert_eq!(
+            finished.result,
+            flowforge_ports::FinishResult::Recorded(TaskRunState::Succeeded)
+        );
+        assert!(
+            store
+                .runs_with_work(flowforge_ports::Scope::All, 10)
+                .await
+                .expect("runs_with_work")
+                .is_empty(),
+            "no success is flagged"
+        );
+        let (state, handed): (_, &[&str]) = if i == claims.len() - 1 {
+            (TaskRunState::Ready, &["j"])
+        } else {
+            (TaskRunState::Pending, &[])
+        };
+        assert_eq!(task(&store, run, "j").await.state, state);
+        let held: Vec<&str> = finished.held.iter().map(|d| d.task_key.as_str()).collect();
+        assert_eq!(held, handed, "the last success hands j on");
+    }
+    let events = store.run_events(run, 0, 100).await.expect("run_events");
+    let satisfied: Vec<_> = events
+        .iter()
+        .filter(|e| e.transition == "dependencies_satisfied")
+        .collect();
+    assert_eq!(satisfied.len(), 1, "{events:?}");
+    assert_eq!(satisfied[0].task.as_deref(), Some("j"));
+}
+
 /// A flagged row that the pass itself changed before `take_flagged` is
 /// reported as it is now, not as `begin_pass` read it.
 #[tokio::test]

@@ -15,6 +15,7 @@ use super::*;
 fn naming(keys: &[&str], whole: bool) -> Handoff {
     Handoff {
         dependents: keys.iter().map(|k| (*k).to_owned()).collect(),
+        joins: Vec::new(),
         whole,
     }
 }
@@ -242,6 +243,112 @@ pub async fn a_handoff_leaves_what_else_holds_back_to_the_pass<F: StoreFactory>(
     assert_eq!(view(&s, run, "b").await.state, TaskRunState::Pending);
     let mut p = pass(&s, run).await;
     assert_eq!(p.take_flagged().await.expect("take_flagged").len(), 1);
+    p.commit().await.expect("commit");
+}
+
+/// Names `joins` as a whole handoff's joins.
+fn joining(joins: &[&str]) -> Handoff {
+    Handoff {
+        dependents: Vec::new(),
+        joins: joins.iter().map(|k| (*k).to_owned()).collect(),
+        whole: true,
+    }
+}
+
+/// What the scheduler does for the run's flags: each flagged success of
+/// `a` or `b` lowers `c` by one.
+async fn pass_counts_flagged_successes<S: Store>(s: &S, run: RunId) {
+    let mut p = pass(s, run).await;
+    let succeeded = p
+        .take_flagged()
+        .await
+        .expect("take_flagged")
+        .into_iter()
+        .filter(|t| t.state == TaskRunState::Succeeded && (t.key == "a" || t.key == "b"))
+        .count();
+    if succeeded > 0 {
+        p.satisfy_dependencies(&[("c".to_owned(), u32::try_from(succeeded).expect("two at most"))])
+            .await
+            .expect("satisfy");
+    }
+    p.commit().await.expect("commit");
+}
+
+/// A join named by a whole handoff (docs/design/scheduler.md#joins) is
+/// counted once per success, by the success itself or by the pass its
+/// flag asks for, never by both: it becomes ready after its last
+/// dependency and not before, with the one event and dispatch the pass
+/// alone would write. A success already flagged (a first claim's flag)
+/// lowers nothing itself.
+pub async fn a_join_is_counted_once_by_the_success_or_by_the_pass<F: StoreFactory>(factory: &F) {
+    let (s, _) = fresh(factory).await;
+    let joined = start(&s, diamond()).await;
+    let a = claim(&s, joined, "a", "w", LONG).await;
+    let b = claim(&s, joined, "b", "w", LONG).await;
+    drain_flags(&s, joined).await;
+    hand_off(&s, &a, "w", succeeded(json!({})), &joining(&["c"])).await;
+    pass_counts_flagged_successes(&s, joined).await;
+    assert_eq!(
+        view(&s, joined, "c").await.state,
+        TaskRunState::Pending,
+        "b still holds c back"
+    );
+    hand_off(&s, &b, "w", succeeded(json!({})), &joining(&["c"])).await;
+    pass_counts_flagged_successes(&s, joined).await;
+    assert_eq!(view(&s, joined, "c").await.state, TaskRunState::Ready);
+
+    // The same successes through the pass alone write the same rows.
+    let passed = start(&s, diamond()).await;
+    let a = claim(&s, passed, "a", "w", LONG).await;
+    let b = claim(&s, passed, "b", "w", LONG).await;
+    drain_flags(&s, passed).await;
+    finish(&s, &a, "w", succeeded(json!({}))).await;
+    pass_counts_flagged_successes(&s, passed).await;
+    finish(&s, &b, "w", succeeded(json!({}))).await;
+    pass_counts_flagged_successes(&s, passed).await;
+    let (events, dispatches) = written(&s, joined).await;
+    assert_eq!((events.clone(), dispatches.clone()), written(&s, passed).await);
+    assert_eq!(
+        events.iter().filter(|e| e.contains("dependencies_satisfied")).count(),
+        1,
+        "{events:?}"
+    );
+    assert_eq!(
+        dispatches_of(&s, joined, "c").await.len(),
+        1,
+        "one dispatch per readiness"
+    );
+
+    // a's success while its first claim's flag is up: the pass counts it,
+    // and the success does not count it again.
+    let run = start(&s, diamond()).await;
+    let a = claim(&s, run, "a", "w", LONG).await;
+    hand_off(&s, &a, "w", succeeded(json!({})), &joining(&["c"])).await;
+    pass_counts_flagged_successes(&s, run).await;
+    assert_eq!(
+        view(&s, run, "c").await.state,
+        TaskRunState::Pending,
+        "b still holds c back"
+    );
+    let b = claim(&s, run, "b", "w", LONG).await;
+    hand_off(&s, &b, "w", succeeded(json!({})), &joining(&["c"])).await;
+    pass_counts_flagged_successes(&s, run).await;
+    assert_eq!(view(&s, run, "c").await.state, TaskRunState::Ready);
+    assert_eq!(dispatches_of(&s, run, "c").await.len(), 1, "one dispatch per readiness");
+
+    // A cancel-requested run: the join is left to the pass, the success
+    // flagged.
+    let run = start(&s, diamond()).await;
+    let a = claim(&s, run, "a", "w", LONG).await;
+    drain_flags(&s, run).await;
+    s.request_cancel(run).await.expect("cancel").expect("the run exists");
+    hand_off(&s, &a, "w", succeeded(json!({})), &joining(&["c"])).await;
+    let mut p = pass(&s, run).await;
+    assert_eq!(
+        p.take_flagged().await.expect("take_flagged").len(),
+        1,
+        "the success is flagged"
+    );
     p.commit().await.expect("commit");
 }
 

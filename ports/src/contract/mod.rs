@@ -145,6 +145,7 @@ macro_rules! store_contract_tests {
             a_success_hands_on_what_it_alone_held_back,
             a_stale_or_failed_finish_hands_on_nothing,
             a_handoff_leaves_what_else_holds_back_to_the_pass,
+            a_join_is_counted_once_by_the_success_or_by_the_pass,
             held_dispatches_are_swept_once_their_hold_is_over,
             settling_held_dispatches_marks_or_releases_them,
             pushed_dispatches_are_committed_published_and_rearmed_when_lost,

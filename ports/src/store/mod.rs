@@ -292,6 +292,7 @@ pub trait RunStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<FinishResult, Error>> + Send {
         const NOTHING: &Handoff = &Handoff {
             dependents: Vec::new(),
+            joins: Vec::new(),
             whole: false,
         };
         async move {
@@ -306,8 +307,15 @@ pub trait RunStore: Send + Sync + 'static {
     /// `handoff.dependents` still pending at a counter of one, in a run
     /// not cancel-requested, takes `dependencies_satisfied` with its event
     /// (after the success's) and its outbox row, and the publisher is
-    /// woken. When `handoff.whole` and every one of them moved, the
-    /// success is not flagged for a pass, which would find nothing to do.
+    /// woken. A store may also lower by one the counter of each of
+    /// `handoff.joins` still pending, in a run not cancel-requested, when
+    /// that and the dependents' promotion are all a pass would do
+    /// (`handoff.whole`, and every dependent moved), and then makes ready
+    /// with the same event and outbox row a join that reaches zero
+    /// (docs/design/scheduler.md#joins); a store that leaves the joins to
+    /// the pass flags the success. When `handoff.whole` and every named
+    /// task moved, the success is not flagged for a pass, which would find
+    /// nothing to do.
     ///
     /// `handover` says who publishes the dispatches
     /// (docs/design/outbox-and-queues.md#publish-after-commit). With

@@ -411,6 +411,7 @@ async fn hand_b_on(store: &PgStore, a: &Claim, hold: Duration) -> Vec<Dispatch> 
             TaskOutcome::Succeeded { output: json!({}) },
             &Handoff {
                 dependents: vec!["b".into()],
+                joins: Vec::new(),
                 whole: true,
             },
             Handover::Held(hold),
