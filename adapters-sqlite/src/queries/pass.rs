@@ -208,7 +208,9 @@ macro_rules! handing_run {
 /// 1. each named dependent (`?6`, a JSON array) still pending at a counter
 ///    of one in a run not cancel-requested goes to zero;
 /// 2. the call notes the handoff whole when it is (`?7`), every named
-///    dependent moved (`changes()` of step 1), the run is not
+///    dependent moved (`changes()` of step 1), every named join is still
+///    pending (one a failure cancelled leaves this success for the pass,
+///    which may settle or roll back the run), the run is not
 ///    cancel-requested and the success is not flagged already (a first
 ///    claim's flag): only then is this success one no pass will count;
 /// 3. only then each named join (`?10`, a JSON array) still pending is
@@ -241,7 +243,9 @@ macro_rules! hand_off {
             ") IS NULL; \
              UPDATE temp.handing_off SET whole = 1 WHERE ?7 AND changes() = json_array_length(?6) \
              AND (SELECT cancel_requested_at FROM workflow_run WHERE id = run_id) IS NULL \
-             AND (SELECT needs_pass FROM task_run WHERE id = ?2) = 0; \
+             AND (SELECT needs_pass FROM task_run WHERE id = ?2) = 0 \
+             AND NOT EXISTS (SELECT 1 FROM json_each(?10) AS j WHERE (SELECT t.state FROM task_run t \
+                 WHERE t.run_id = handing_off.run_id AND t.task_key = j.value) IS NOT 'pending'); \
              UPDATE task_run SET pending_deps = pending_deps - 1 \
              WHERE id IN (SELECT (SELECT t.id FROM task_run t WHERE t.run_id = ",
             handing_run!(),
