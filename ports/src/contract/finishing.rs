@@ -54,10 +54,7 @@ pub async fn finish_failed_without_retry_fails_for_good<F: StoreFactory>(factory
     let (s, _) = fresh(factory).await;
     let run = start(&s, chain()).await;
     let c = claim(&s, run, "a", "w", LONG).await;
-    let outcome = TaskOutcome::Failed {
-        error: "exit code 3".into(),
-        retry_in: None,
-    };
+    let outcome = failed_for_good("exit code 3");
     assert_eq!(
         finish(&s, &c, "w", outcome).await,
         FinishResult::Recorded(TaskRunState::Failed)

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use flowforge_domain::plan::Handoff;
-use flowforge_domain::{RunTransition, TaskRunState};
+use flowforge_domain::{CancelReason, RunTransition, TaskRunState};
 use serde_json::json;
 
 use crate::store::{FinishResult, Finished, Handover, OutboxStore, RunPass, RunStore, Scope, TaskOutcome};
@@ -37,6 +37,16 @@ async fn running_chain<S: Store>(s: &S) -> (RunId, Claim) {
     p.transition_run(RunTransition::Start).await.expect("start");
     p.commit().await.expect("commit");
     (run, c)
+}
+
+/// Claims `a` and `b` of a fresh diamond run, and takes the first
+/// claims' flags, so that only what follows is flagged.
+async fn claimed_diamond<S: Store>(s: &S) -> (RunId, Claim, Claim) {
+    let run = start(s, diamond()).await;
+    let a = claim(s, run, "a", "w", LONG).await;
+    let b = claim(s, run, "b", "w", LONG).await;
+    drain_flags(s, run).await;
+    (run, a, b)
 }
 
 /// Every event of the run but its time, and its dispatches but their ids
@@ -181,13 +191,7 @@ pub async fn a_stale_or_failed_finish_hands_on_nothing<F: StoreFactory>(factory:
     assert_eq!(after.0.len(), before.0.len() + 1, "only the audit: {:?}", after.0);
 
     // A failure or a cancel hands on nothing, and is flagged.
-    for outcome in [
-        TaskOutcome::Failed {
-            error: "boom".into(),
-            retry_in: None,
-        },
-        TaskOutcome::Cancelled,
-    ] {
+    for outcome in [failed_for_good("boom"), TaskOutcome::Cancelled] {
         let (run, c) = running_chain(&s).await;
         hand_off(&s, &c, "w", outcome, &handoff).await;
         assert_eq!(view(&s, run, "b").await.state, TaskRunState::Pending);
@@ -206,10 +210,7 @@ pub async fn a_stale_or_failed_finish_hands_on_nothing<F: StoreFactory>(factory:
 /// then counts each success once.
 pub async fn a_handoff_leaves_what_else_holds_back_to_the_pass<F: StoreFactory>(factory: &F) {
     let (s, _) = fresh(factory).await;
-    let run = start(&s, diamond()).await;
-    let a = claim(&s, run, "a", "w", LONG).await;
-    let b = claim(&s, run, "b", "w", LONG).await;
-    drain_flags(&s, run).await;
+    let (run, a, b) = claimed_diamond(&s).await;
     // c waits on a and b: naming it (as no handoff would) moves nothing.
     hand_off(&s, &a, "w", succeeded(json!({})), &naming(&["c"], true)).await;
     assert_eq!(view(&s, run, "c").await.state, TaskRunState::Pending);
@@ -279,13 +280,11 @@ async fn pass_counts_flagged_successes<S: Store>(s: &S, run: RunId) {
 /// flag asks for, never by both: it becomes ready after its last
 /// dependency and not before, with the one event and dispatch the pass
 /// alone would write. A success already flagged (a first claim's flag)
-/// lowers nothing itself.
+/// lowers nothing itself, and one whose join is no longer pending (a
+/// failure cancelled it) is flagged.
 pub async fn a_join_is_counted_once_by_the_success_or_by_the_pass<F: StoreFactory>(factory: &F) {
     let (s, _) = fresh(factory).await;
-    let joined = start(&s, diamond()).await;
-    let a = claim(&s, joined, "a", "w", LONG).await;
-    let b = claim(&s, joined, "b", "w", LONG).await;
-    drain_flags(&s, joined).await;
+    let (joined, a, b) = claimed_diamond(&s).await;
     hand_off(&s, &a, "w", succeeded(json!({})), &joining(&["c"])).await;
     pass_counts_flagged_successes(&s, joined).await;
     assert_eq!(
@@ -298,10 +297,7 @@ pub async fn a_join_is_counted_once_by_the_success_or_by_the_pass<F: StoreFactor
     assert_eq!(view(&s, joined, "c").await.state, TaskRunState::Ready);
 
     // The same successes through the pass alone write the same rows.
-    let passed = start(&s, diamond()).await;
-    let a = claim(&s, passed, "a", "w", LONG).await;
-    let b = claim(&s, passed, "b", "w", LONG).await;
-    drain_flags(&s, passed).await;
+    let (passed, a, b) = claimed_diamond(&s).await;
     finish(&s, &a, "w", succeeded(json!({}))).await;
     pass_counts_flagged_successes(&s, passed).await;
     finish(&s, &b, "w", succeeded(json!({}))).await;
@@ -348,6 +344,34 @@ pub async fn a_join_is_counted_once_by_the_success_or_by_the_pass<F: StoreFactor
         p.take_flagged().await.expect("take_flagged").len(),
         1,
         "the success is flagged"
+    );
+    p.commit().await.expect("commit");
+
+    // b fails for good and its pass cancels c: a's later success finds its
+    // join no longer pending, so it is flagged, and the pass that takes
+    // the flag is the one that settles the run (a success left unflagged
+    // would be the run's last event, and no pass would ever settle it).
+    let (run, a, b) = claimed_diamond(&s).await;
+    let failure = failed_for_good("boom");
+    finish(&s, &b, "w", failure).await;
+    let mut p = pass(&s, run).await;
+    p.take_flagged().await.expect("take_flagged");
+    p.cancel_pending(&["c".into(), "d".into()], CancelReason::UpstreamFailed)
+        .await
+        .expect("cancel_pending");
+    p.commit().await.expect("commit");
+    assert_eq!(
+        hand_off(&s, &a, "w", succeeded(json!({})), &joining(&["c"])).await,
+        FinishResult::Recorded(TaskRunState::Succeeded)
+    );
+    assert_eq!(view(&s, run, "c").await.state, TaskRunState::Cancelled);
+    let mut p = pass(&s, run).await;
+    let flagged = p.take_flagged().await.expect("take_flagged");
+    assert!(
+        flagged
+            .iter()
+            .any(|t| t.key == "a" && t.state == TaskRunState::Succeeded),
+        "the success is flagged: {flagged:?}"
     );
     p.commit().await.expect("commit");
 }

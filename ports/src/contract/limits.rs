@@ -6,7 +6,7 @@ use flowforge_domain::TaskRunState;
 use flowforge_domain::limits::{MAX_STALE_AUDITS_PER_TASK_RUN, Refusal, ValueKind};
 use serde_json::json;
 
-use crate::store::{Error, FinishResult, RunStore, TaskOutcome};
+use crate::store::{Error, FinishResult, RunStore};
 
 use super::*;
 
@@ -49,10 +49,7 @@ pub async fn an_unstorable_outcome_is_stored_as_the_domain_says<F: StoreFactory>
 
     let run = start_again(&s, "nul").await;
     let c = claim(&s, run, "t", "w", LONG).await;
-    let failed = TaskOutcome::Failed {
-        error: "stderr: a\u{0}b".into(),
-        retry_in: None,
-    };
+    let failed = failed_for_good("stderr: a\u{0}b");
     assert_eq!(
         finish(&s, &c, "w", failed).await,
         FinishResult::Recorded(TaskRunState::Failed)

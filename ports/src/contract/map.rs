@@ -160,10 +160,7 @@ pub async fn a_mapped_task_collects_in_index_order_within_the_limit_or_fails<F: 
         .expect("satisfy");
     p.commit().await.expect("commit");
     let c = claim(&s, run, "m[0]", "w", LONG).await;
-    let failure = TaskOutcome::Failed {
-        error: "bad item".into(),
-        retry_in: None,
-    };
+    let failure = failed_for_good("bad item");
     finish(&s, &c, "w", failure).await;
     let mut p = pass(&s, run).await;
     p.take_flagged().await.expect("take_flagged");

@@ -371,6 +371,14 @@ pub(super) fn succeeded(output: Value) -> TaskOutcome {
     TaskOutcome::Succeeded { output }
 }
 
+/// A failure with no retry left.
+pub(super) fn failed_for_good(error: &str) -> TaskOutcome {
+    TaskOutcome::Failed {
+        error: error.to_owned(),
+        retry_in: None,
+    }
+}
+
 pub(super) async fn pass<S: Store>(s: &S, run: RunId) -> S::Pass {
     s.begin_pass(run).await.expect("begin_pass").expect("the run is free")
 }

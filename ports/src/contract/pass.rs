@@ -222,10 +222,7 @@ pub async fn tally_and_succeeded_keys_count_forward_tasks<F: StoreFactory>(facto
     let ok = claim(&s, run, "ok", "w", LONG).await;
     finish(&s, &ok, "w", succeeded(json!({}))).await;
     let bad = claim(&s, run, "bad", "w", LONG).await;
-    let fail = TaskOutcome::Failed {
-        error: "no".into(),
-        retry_in: None,
-    };
+    let fail = failed_for_good("no");
     finish(&s, &bad, "w", fail).await;
     claim(&s, run, "run", "w", LONG).await;
     let again = claim(&s, run, "again", "w", LONG).await;

@@ -9,7 +9,7 @@ use flowforge_domain::retry::Reset;
 use flowforge_domain::{CancelReason, RunState, RunTransition, TaskRunState};
 use tokio::sync::Barrier;
 
-use crate::store::{RunPass, RunStore, TaskOutcome};
+use crate::store::{RunPass, RunStore};
 
 use super::*;
 
@@ -22,10 +22,7 @@ async fn failed_run<S: Store>(s: &S, attempts: u32) -> RunId {
     p.take_flagged().await.expect("take_flagged");
     assert!(p.transition_run(RunTransition::Start).await.expect("start"));
     p.commit().await.expect("commit");
-    let failed = TaskOutcome::Failed {
-        error: "boom".into(),
-        retry_in: None,
-    };
+    let failed = failed_for_good("boom");
     finish(s, &c, "w1", failed).await;
     let mut p = pass(s, run).await;
     p.take_flagged().await.expect("take_flagged");
@@ -211,10 +208,7 @@ pub async fn a_later_rollback_reruns_the_compensators_of_its_generation<F: Store
     let a = claim(&s, run, "a", "w", LONG).await;
     finish(&s, &a, "w", succeeded(serde_json::json!({"gen": 1}))).await;
     let b = claim(&s, run, "b", "w", LONG).await;
-    let failed = TaskOutcome::Failed {
-        error: "boom".into(),
-        retry_in: None,
-    };
+    let failed = failed_for_good("boom");
     finish(&s, &b, "w", failed).await;
     let mut p = pass(&s, run).await;
     p.take_flagged().await.expect("take_flagged");
