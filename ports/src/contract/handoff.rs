@@ -275,6 +275,15 @@ async fn pass_counts_flagged_successes<S: Store>(s: &S, run: RunId) {
     p.commit().await.expect("commit");
 }
 
+/// Hands on the success of `claimed` (the diamond's a or b) naming its
+/// join c, lets the pass count what the success left flagged, and
+/// returns c's state.
+async fn join_after<S: Store>(s: &S, run: RunId, claimed: &Claim) -> TaskRunState {
+    hand_off(s, claimed, "w", succeeded(json!({})), &joining(&["c"])).await;
+    pass_counts_flagged_successes(s, run).await;
+    view(s, run, "c").await.state
+}
+
 /// A join named by a whole handoff (docs/design/scheduler.md#joins) is
 /// counted once per success, by the success itself or by the pass its
 /// flag asks for, never by both: it becomes ready after its last
@@ -285,16 +294,12 @@ async fn pass_counts_flagged_successes<S: Store>(s: &S, run: RunId) {
 pub async fn a_join_is_counted_once_by_the_success_or_by_the_pass<F: StoreFactory>(factory: &F) {
     let (s, _) = fresh(factory).await;
     let (joined, a, b) = claimed_diamond(&s).await;
-    hand_off(&s, &a, "w", succeeded(json!({})), &joining(&["c"])).await;
-    pass_counts_flagged_successes(&s, joined).await;
     assert_eq!(
-        view(&s, joined, "c").await.state,
+        join_after(&s, joined, &a).await,
         TaskRunState::Pending,
         "b still holds c back"
     );
-    hand_off(&s, &b, "w", succeeded(json!({})), &joining(&["c"])).await;
-    pass_counts_flagged_successes(&s, joined).await;
-    assert_eq!(view(&s, joined, "c").await.state, TaskRunState::Ready);
+    assert_eq!(join_after(&s, joined, &b).await, TaskRunState::Ready);
 
     // The same successes through the pass alone write the same rows.
     let (passed, a, b) = claimed_diamond(&s).await;
@@ -319,17 +324,13 @@ pub async fn a_join_is_counted_once_by_the_success_or_by_the_pass<F: StoreFactor
     // and the success does not count it again.
     let run = start(&s, diamond()).await;
     let a = claim(&s, run, "a", "w", LONG).await;
-    hand_off(&s, &a, "w", succeeded(json!({})), &joining(&["c"])).await;
-    pass_counts_flagged_successes(&s, run).await;
     assert_eq!(
-        view(&s, run, "c").await.state,
+        join_after(&s, run, &a).await,
         TaskRunState::Pending,
         "b still holds c back"
     );
     let b = claim(&s, run, "b", "w", LONG).await;
-    hand_off(&s, &b, "w", succeeded(json!({})), &joining(&["c"])).await;
-    pass_counts_flagged_successes(&s, run).await;
-    assert_eq!(view(&s, run, "c").await.state, TaskRunState::Ready);
+    assert_eq!(join_after(&s, run, &b).await, TaskRunState::Ready);
     assert_eq!(dispatches_of(&s, run, "c").await.len(), 1, "one dispatch per readiness");
 
     // A cancel-requested run: the join is left to the pass, the success
