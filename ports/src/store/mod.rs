@@ -310,7 +310,8 @@ pub trait RunStore: Send + Sync + 'static {
     /// woken. A store may also lower by one the counter of each of
     /// `handoff.joins` still pending, in a run not cancel-requested, when
     /// that and the dependents' promotion are all a pass would do
-    /// (`handoff.whole`, and every dependent moved), and then makes ready
+    /// (`handoff.whole`, every dependent moved, every join is still
+    /// pending and the success is not flagged already), and then makes ready
     /// with the same event and outbox row a join that reaches zero
     /// (docs/design/scheduler.md#joins); a store that leaves the joins to
     /// the pass flags the success. When `handoff.whole` and every named
