@@ -203,31 +203,38 @@ impl DispatchConsumer for InprocConsumer {
             let notified = self.inner.available.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            {
-                let mut ready = self.inner.lock();
-                if let Some(Reverse(Waiting {
-                    dispatch, redelivered, ..
-                })) = ready.messages.pop()
-                {
-                    let more = !ready.messages.is_empty();
-                    drop(ready);
-                    if more {
-                        // Pass the baton: another waiting consumer may take the next one.
-                        self.inner.available.notify_one();
-                    }
-                    return Ok(Some(InprocDelivery {
-                        inner: Arc::clone(&self.inner),
-                        dispatch: Some(dispatch),
-                        redelivered,
-                    }));
-                }
-                if ready.closed {
-                    return Ok(None);
-                }
+            if let Some(delivery) = take(&self.inner) {
+                return Ok(Some(delivery));
+            }
+            if self.inner.lock().closed {
+                return Ok(None);
             }
             notified.await;
         }
     }
+
+    fn try_next(&mut self) -> Option<InprocDelivery> {
+        take(&self.inner)
+    }
+}
+
+/// The most urgent waiting dispatch, as a delivery, if one waits.
+fn take(inner: &Arc<Inner>) -> Option<InprocDelivery> {
+    let mut ready = inner.lock();
+    let Reverse(Waiting {
+        dispatch, redelivered, ..
+    }) = ready.messages.pop()?;
+    let more = !ready.messages.is_empty();
+    drop(ready);
+    if more {
+        // Pass the baton: another waiting consumer may take the next one.
+        inner.available.notify_one();
+    }
+    Some(InprocDelivery {
+        inner: Arc::clone(inner),
+        dispatch: Some(dispatch),
+        redelivered,
+    })
 }
 
 /// One delivery; dropped without `ack` it goes back to the queue.

@@ -20,10 +20,10 @@ pub use ids::{DispatchId, RunId, TaskRunId, WorkerId, WorkflowId};
 pub use observer::{Observer, RunEvent, TaskEvent};
 pub use queue::{Delivery, Dispatch, DispatchConsumer, DispatchPublisher, DispatchQueue};
 pub use store::{
-    Activity, CancelOutcome, Claim, DefinitionStore, EventView, FinishResult, Handover, LeaseStatus, LoadError,
-    LockedRun, Notifier, OutboxStore, OutboxSweep, PassTask, PublishError, Published, Reaped, RunDetail, RunPass,
-    RunSet, RunStore, RunSummary, ScheduleStore, Scope, Store, TaskInputs, TaskOutcome, TaskRunView, TokenStore, Topic,
-    TransitionError, WorkerInfo, WorkerRegistration, WorkerRegistry,
+    Activity, CancelOutcome, Claim, DefinitionStore, EventView, FinishCall, FinishResult, Handover, LeaseStatus,
+    LoadError, LockedRun, NextClaim, Notifier, OutboxStore, OutboxSweep, PassTask, PublishError, Published, Reaped,
+    RunDetail, RunPass, RunSet, RunStore, RunSummary, ScheduleStore, Scope, Store, TaskInputs, TaskOutcome,
+    TaskRunView, TokenStore, Topic, TransitionError, WorkerInfo, WorkerRegistration, WorkerRegistry,
 };
 
 #[cfg(test)]

@@ -128,7 +128,9 @@ pub trait DispatchQueue: Send + Sync + 'static {
     type Consumer: DispatchConsumer;
 
     /// Opens a consumer holding at most one unacknowledged delivery
-    /// (prefetch 1): a worker opens one per concurrency slot.
+    /// (prefetch 1) while it waits for one: a worker opens one per
+    /// concurrency slot. A slot holds a second only when
+    /// [`DispatchConsumer::try_next`] finds it already waiting.
     fn consumer(&self) -> impl Future<Output = Result<Self::Consumer, Error>> + Send;
 }
 
@@ -142,6 +144,22 @@ pub trait DispatchConsumer: Send + 'static {
     /// Contract: a delivery that is dropped, nacked, or whose consumer is
     /// dropped before `ack` is delivered again (at-least-once).
     fn next(&mut self) -> impl Future<Output = Result<Option<Self::Delivery>, Error>> + Send;
+
+    /// A delivery already waiting for this consumer, without waiting, even
+    /// while an earlier one is not yet acknowledged: a worker slot takes
+    /// its next task before storing the last one's outcome, and stores the
+    /// one and claims the other together
+    /// (docs/design/leases-and-fencing.md#finish-and-claim-next). `None`
+    /// when nothing waits, or when the queue hands a consumer one
+    /// unacknowledged delivery at a time (a broker's prefetch of one); the
+    /// default.
+    ///
+    /// Contract: as [`DispatchConsumer::next`]'s deliveries, one taken
+    /// here that is dropped or nacked, or whose consumer is dropped before
+    /// `ack`, is delivered again.
+    fn try_next(&mut self) -> Option<Self::Delivery> {
+        None
+    }
 }
 
 /// One received dispatch.

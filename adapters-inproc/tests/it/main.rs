@@ -42,6 +42,29 @@ async fn delivers_in_order_and_ack_removes() {
 }
 
 #[tokio::test]
+async fn try_next_takes_what_waits_beside_an_unacked_delivery_and_never_waits() {
+    let q = InprocQueue::new();
+    let mut c = q.consumer().await.unwrap();
+    assert!(c.try_next().is_none(), "nothing waits");
+    publish(&q, &[1, 2]).await;
+    let first = c.next().await.unwrap().unwrap();
+    let second = c.try_next().expect("the second waits beside the first, unacked");
+    assert_eq!(
+        (first.dispatch().dispatch_id, second.dispatch().dispatch_id),
+        (DispatchId(1), DispatchId(2))
+    );
+    assert!(c.try_next().is_none(), "nothing more waits");
+    // Dropped unacked, it comes back as a `next` delivery would.
+    drop(second);
+    first.ack().await.unwrap();
+    let again = c.try_next().expect("the dropped one is back");
+    assert_eq!(again.dispatch().dispatch_id, DispatchId(2));
+    assert!(again.redelivered());
+    again.ack().await.unwrap();
+    assert!(q.is_empty());
+}
+
+#[tokio::test]
 async fn a_nacked_or_dropped_delivery_comes_back_redelivered() {
     let q = InprocQueue::new();
     publish(&q, &[7]).await;

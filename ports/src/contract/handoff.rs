@@ -7,7 +7,9 @@ use flowforge_domain::plan::Handoff;
 use flowforge_domain::{CancelReason, RunTransition, TaskRunState};
 use serde_json::json;
 
-use crate::store::{FinishResult, Finished, Handover, OutboxStore, RunPass, RunStore, Scope, TaskOutcome};
+use crate::store::{
+    FinishCall, FinishResult, Finished, Handover, NextClaim, OutboxStore, RunPass, RunStore, Scope, TaskOutcome,
+};
 
 use super::*;
 
@@ -203,6 +205,118 @@ pub async fn a_stale_or_failed_finish_hands_on_nothing<F: StoreFactory>(factory:
                 .contains(&run)
         );
     }
+}
+
+/// Starts a diamond run with `a` claimed (its flags taken) and `b` ready:
+/// `a`'s claim and `b`'s dispatch.
+async fn a_claimed_b_ready<S: Store>(s: &S) -> (RunId, Claim, NextClaim) {
+    let run = start(s, diamond()).await;
+    let a = claim(s, run, "a", "w", LONG).await;
+    drain_flags(s, run).await;
+    let b = view(s, run, "b").await;
+    let next = NextClaim {
+        id: b.id,
+        token: b.token,
+        lease: LONG,
+    };
+    (run, a, next)
+}
+
+/// What a claim says of its task, its run and times aside.
+fn claimed_as(c: &Claim) -> (String, u32, u32, i64, Option<String>) {
+    (
+        c.task_key.clone(),
+        c.attempt,
+        c.attempt_base,
+        c.token,
+        c.compensate_for.clone(),
+    )
+}
+
+/// A finish and the claim after it, in one call
+/// (docs/design/leases-and-fencing.md#finish-and-claim-next), write the
+/// rows and events the two calls write and answer what each would: for a
+/// success handing on (one transaction where the store can) and for a
+/// failure; a stale finish does not refuse the claim, nor a stale claim
+/// the finish.
+pub async fn finish_and_claim_writes_what_the_two_calls_write<F: StoreFactory>(factory: &F) {
+    let (s, _) = fresh(factory).await;
+    let w = worker("w");
+    // a's success lowers its join c, which still waits on b.
+    let handoff = Handoff {
+        dependents: Vec::new(),
+        joins: vec!["c".to_owned()],
+        whole: true,
+    };
+    let call = |a: &Claim, token: i64, outcome: TaskOutcome| FinishCall {
+        id: a.task_run_id,
+        token,
+        worker: &w,
+        outcome,
+        handoff: &handoff,
+        handover: Handover::Sweep,
+    };
+    for outcome in [succeeded(json!({"n": 1})), failed_for_good("boom")] {
+        let (together, a, next) = a_claimed_b_ready(&s).await;
+        let (finished, claimed) = s
+            .finish_and_claim(call(&a, a.token, outcome.clone()), next)
+            .await
+            .expect("finish_and_claim");
+        let claimed = claimed.expect("the claim").expect("b is claimed");
+
+        let (apart, a, _) = a_claimed_b_ready(&s).await;
+        let alone = s
+            .finish_and_hand_off(a.task_run_id, a.token, &w, outcome.clone(), &handoff, Handover::Sweep)
+            .await
+            .expect("finish_and_hand_off");
+        let claimed_alone = claim(&s, apart, "b", "w", LONG).await;
+
+        assert_eq!(finished, alone, "{outcome:?}");
+        assert_eq!(claimed_as(&claimed), claimed_as(&claimed_alone), "{outcome:?}");
+        assert_eq!(claimed.run_id, together);
+        assert_eq!(
+            written(&s, together).await,
+            written(&s, apart).await,
+            "{outcome:?}: the same events, in the same order, and dispatches"
+        );
+        let flagged = s.runs_with_work(Scope::All, 100).await.expect("runs_with_work");
+        assert_eq!(
+            flagged.contains(&together),
+            flagged.contains(&apart),
+            "{outcome:?}: flagged alike"
+        );
+    }
+
+    // A stale finish (its token taken back) still claims.
+    let (run, a, next) = a_claimed_b_ready(&s).await;
+    let (finished, claimed) = s
+        .finish_and_claim(call(&a, a.token + 1, succeeded(json!({}))), next)
+        .await
+        .expect("finish_and_claim");
+    assert_eq!(finished.result, FinishResult::Stale);
+    assert_eq!(claimed.expect("the claim").map(|c| c.task_key), Some("b".to_owned()));
+    assert_eq!(view(&s, run, "a").await.state, TaskRunState::Running);
+    assert_eq!(view(&s, run, "b").await.state, TaskRunState::Running);
+    assert_eq!(
+        transitions(&events(&s, run).await).split_last().map(|(last, _)| *last),
+        Some("claim"),
+        "the audit, then b's claim"
+    );
+
+    // A stale claim (a duplicate dispatch) leaves the finish stored.
+    let (run, a, next) = a_claimed_b_ready(&s).await;
+    let stale = NextClaim {
+        token: next.token + 1,
+        ..next
+    };
+    let (finished, claimed) = s
+        .finish_and_claim(call(&a, a.token, succeeded(json!({"n": 2}))), stale)
+        .await
+        .expect("finish_and_claim");
+    assert_eq!(finished.result, FinishResult::Recorded(TaskRunState::Succeeded));
+    assert!(claimed.expect("the claim").is_none(), "not ready at that token");
+    assert_eq!(view(&s, run, "a").await.output, Some(json!({"n": 2})));
+    assert_eq!(view(&s, run, "b").await.state, TaskRunState::Ready);
 }
 
 /// A dependent still waiting on another task, or in a cancel-requested

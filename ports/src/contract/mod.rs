@@ -144,6 +144,7 @@ macro_rules! store_contract_tests {
             a_mapped_task_collects_in_index_order_within_the_limit_or_fails,
             a_success_hands_on_what_it_alone_held_back,
             a_stale_or_failed_finish_hands_on_nothing,
+            finish_and_claim_writes_what_the_two_calls_write,
             a_handoff_leaves_what_else_holds_back_to_the_pass,
             a_join_is_counted_once_by_the_success_or_by_the_pass,
             held_dispatches_are_swept_once_their_hold_is_over,

@@ -20,10 +20,10 @@ pub use error::{
 pub use schedules::{Fire, FireCounts, FireStart, FireView, Fired, NewSchedule, ScheduleStore, ScheduleView};
 pub use tokens::{NewToken, TokenError, TokenStatus, TokenStore, TokenView};
 pub use values::{
-    Activity, CancelOutcome, Claim, DefinitionSummary, DependencyOutcomes, EventView, FinishResult, Finished,
-    GateCheck, Gauges, Handover, IdempotencyKey, KeyedStart, LeaseStatus, LockedRun, NewRun, PassTask, Published,
-    Reaped, RunCursor, RunDetail, RunQuery, RunSet, RunSummary, Scope, StartOptions, TaskInputs, TaskOutcome,
-    TaskRunView, Wait, WorkerInfo, WorkerRegistration, mark_blocked,
+    Activity, CancelOutcome, Claim, DefinitionSummary, DependencyOutcomes, EventView, FinishCall, FinishResult,
+    Finished, GateCheck, Gauges, Handover, IdempotencyKey, KeyedStart, LeaseStatus, LockedRun, NewRun, NextClaim,
+    PassTask, Published, Reaped, RunCursor, RunDetail, RunQuery, RunSet, RunSummary, Scope, StartOptions, TaskInputs,
+    TaskOutcome, TaskRunView, Wait, WorkerInfo, WorkerRegistration, mark_blocked,
 };
 
 use std::collections::BTreeSet;
@@ -341,6 +341,44 @@ pub trait RunStore: Send + Sync + 'static {
         handoff: &Handoff,
         handover: Handover,
     ) -> impl Future<Output = Result<Finished, Error>> + Send;
+
+    /// [`RunStore::finish_and_hand_off`], then [`RunStore::claim_task_run`]
+    /// of `next` for the same worker: a worker slot that already holds its
+    /// next delivery when its attempt ends stores the outcome and takes
+    /// the next task in one call
+    /// (docs/design/leases-and-fencing.md#finish-and-claim-next). A store
+    /// may run both in one transaction; the default runs them one after
+    /// the other.
+    ///
+    /// Contract: the rows and events written, and what each answers, equal
+    /// those of the two calls in that order; the claim is made whatever the
+    /// finish's fate (a stale finish does not refuse it). `Err` means the
+    /// finish is not known to be stored and the claim was not made as far
+    /// as the caller can tell: it retries the finish alone and claims
+    /// `next` the usual way (should the lost answer have been a commit, that
+    /// claim finds the row running and the reaper takes its lease back).
+    fn finish_and_claim(
+        &self,
+        finish: FinishCall<'_>,
+        next: NextClaim,
+    ) -> impl Future<Output = Result<(Finished, Result<Option<Claim>, Error>), Error>> + Send {
+        async move {
+            let finished = self
+                .finish_and_hand_off(
+                    finish.id,
+                    finish.token,
+                    finish.worker,
+                    finish.outcome,
+                    finish.handoff,
+                    finish.handover,
+                )
+                .await?;
+            let claimed = self
+                .claim_task_run(next.id, next.token, finish.worker, next.lease)
+                .await;
+            Ok((finished, claimed))
+        }
+    }
 
     /// The generic path for edges without a lease or side data:
     /// `dependencies_satisfied` and `retry_ready` (each writes its outbox

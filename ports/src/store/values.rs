@@ -227,6 +227,37 @@ pub enum Handover {
     Pushed,
 }
 
+/// A finish as [`RunStore::finish_and_hand_off`](crate::RunStore::finish_and_hand_off)
+/// takes it, for [`RunStore::finish_and_claim`](crate::RunStore::finish_and_claim).
+#[derive(Debug, Clone)]
+pub struct FinishCall<'a> {
+    /// The task run finished.
+    pub id: TaskRunId,
+    /// The token its claim took.
+    pub token: i64,
+    /// The worker that ran it, and that claims the next one.
+    pub worker: &'a WorkerId,
+    /// The attempt's outcome.
+    pub outcome: TaskOutcome,
+    /// What its success hands on.
+    pub handoff: &'a flowforge_domain::plan::Handoff,
+    /// Who publishes what it makes ready.
+    pub handover: Handover,
+}
+
+/// The claim [`RunStore::finish_and_claim`](crate::RunStore::finish_and_claim)
+/// makes after its finish, as [`RunStore::claim_task_run`](crate::RunStore::claim_task_run)
+/// takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NextClaim {
+    /// The task run its dispatch names.
+    pub id: TaskRunId,
+    /// The token its dispatch carries.
+    pub token: i64,
+    /// The lease to take.
+    pub lease: Duration,
+}
+
 /// What [`RunStore::finish_and_hand_off`](crate::RunStore::finish_and_hand_off)
 /// stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
