@@ -17,7 +17,9 @@ use flowforge_domain::plan::Handoff;
 use flowforge_domain::retry::Reset;
 use flowforge_domain::{Priority, RunState, TaskRunState, TaskTransition, initial_task_run_state};
 use flowforge_ports::store::resolve_generic_transition;
-use flowforge_ports::store::{Finished, Gauges, Handover, IdempotencyKey, KeyedStart, NewRun, RunQuery, StartOptions};
+use flowforge_ports::store::{
+    FinishCall, Finished, Gauges, Handover, IdempotencyKey, KeyedStart, NewRun, NextClaim, RunQuery, StartOptions,
+};
 use flowforge_ports::{
     CancelOutcome, Claim, Dispatch, EventView, FinishResult, LeaseStatus, Reaped, RunDetail, RunId, RunStore,
     RunSummary, Scope, TaskInputs, TaskOutcome, TaskRunId, Topic, TransitionError, WorkerId, WorkflowId, store,
@@ -277,7 +279,14 @@ impl SqliteStore {
     /// call: the finish, then, in its transaction and only when it was
     /// recorded, the promotion of the dependents it alone held back and,
     /// when that is all a pass would do, the lowering of its joins
-    /// (docs/design/scheduler.md#joins).
+    /// (docs/design/scheduler.md#joins). With `next`, the same call and
+    /// transaction then claims that task run for the same worker
+    /// (docs/design/leases-and-fencing.md#finish-and-claim-next), and
+    /// `Some` of the claim's answer comes back.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "finish_and_hand_off's arguments, and the claim after it"
+    )]
     async fn finish_handing_off(
         &self,
         id: TaskRunId,
@@ -286,7 +295,8 @@ impl SqliteStore {
         output: &Value,
         handoff: &Handoff,
         handover: Handover,
-    ) -> Result<Finished, store::Error> {
+        next: Option<NextClaim>,
+    ) -> Result<(Finished, Option<Result<Option<Claim>, store::Error>>), store::Error> {
         let offset = self.inner.offset();
         let output =
             serde_json::to_string(output).map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;
@@ -297,10 +307,15 @@ impl SqliteStore {
             Handover::Held(hold) => Some(duration_ms(hold)),
             Handover::Sweep | Handover::Pushed => None,
         };
+        let text = match next {
+            Some(_) => queries::FINISH_HANDING_OFF_THEN_CLAIM,
+            None => queries::FINISH_HANDING_OFF,
+        };
         let moved = self
             .inner
-            .grouped(Write::new(queries::FINISH_HANDING_OFF, move |q| {
-                q.bind(offset)
+            .grouped(Write::new(text, move |q| {
+                let q = q
+                    .bind(offset)
                     .bind(id.0)
                     .bind(token)
                     .bind(worker.clone())
@@ -309,16 +324,29 @@ impl SqliteStore {
                     .bind(whole)
                     .bind(hold)
                     .bind(handover == Handover::Pushed)
-                    .bind(joins.clone())
+                    .bind(joins.clone());
+                match next {
+                    Some(next) => q.bind(next.id.0).bind(next.token).bind(duration_ms(next.lease)),
+                    None => q,
+                }
             }))
             .await?;
+        // The claim's answer is its own: a row it cannot read fails the
+        // claim, not the finish the same transaction committed.
+        let claimed = next.map(|next| {
+            tagged(&moved, 7)
+                .next()
+                .map(|row| self.claimed(next.id, row))
+                .transpose()
+        });
         let Some(row) = tagged(&moved, 0).next() else {
             // Stale: nothing was handed on; the audit is kept.
-            return Ok(Finished {
+            let finished = Finished {
                 result: FinishResult::Stale,
                 held: Vec::new(),
                 queued: false,
-            });
+            };
+            return Ok((finished, claimed));
         };
         let run: String = col(row, 1)?;
         let key: String = col(row, 2)?;
@@ -334,13 +362,34 @@ impl SqliteStore {
             Some(row) => col::<bool>(row, 1).unwrap_or(false),
             None => false,
         };
-        Ok(Finished {
+        let finished = Finished {
             result: FinishResult::Recorded(TaskRunState::Succeeded),
             held: match handover {
                 Handover::Sweep => Vec::new(),
                 Handover::Held(_) | Handover::Pushed => held_dispatches(&moved),
             },
             queued,
+        };
+        Ok((finished, claimed))
+    }
+
+    /// The claim of task run `id` from its claim's returned row, waking
+    /// the scheduler when the claim flagged the run.
+    fn claimed(&self, id: TaskRunId, row: &sqlx::sqlite::SqliteRow) -> Result<Claim, store::Error> {
+        let row: ClaimRow = decode(row)?;
+        if row.needs_pass {
+            self.inner.wakeups.wake(Topic::Scheduler);
+        }
+        Ok(Claim {
+            task_run_id: id,
+            run_id: run_id(&row.run_id)?,
+            workflow_id: WorkflowId(row.workflow_id),
+            task_key: row.task_key,
+            compensate_for: row.compensate_for,
+            attempt: u32_of("task_run.attempt", row.attempt)?,
+            attempt_base: u32_of("task_run.attempt_base", row.attempt_base)?,
+            token: row.fencing_token,
+            lease_expires_at: time("task_run.lease_expires_at", row.lease_expires_at)?,
         })
     }
 
@@ -528,24 +577,7 @@ impl RunStore for SqliteStore {
                 q.bind(offset).bind(id.0).bind(token).bind(worker.clone()).bind(lease)
             }))
             .await?;
-        let Some(row) = rows.first() else {
-            return Ok(None);
-        };
-        let row: ClaimRow = decode(row)?;
-        if row.needs_pass {
-            self.inner.wakeups.wake(Topic::Scheduler);
-        }
-        Ok(Some(Claim {
-            task_run_id: id,
-            run_id: run_id(&row.run_id)?,
-            workflow_id: WorkflowId(row.workflow_id),
-            task_key: row.task_key,
-            compensate_for: row.compensate_for,
-            attempt: u32_of("task_run.attempt", row.attempt)?,
-            attempt_base: u32_of("task_run.attempt_base", row.attempt_base)?,
-            token: row.fencing_token,
-            lease_expires_at: time("task_run.lease_expires_at", row.lease_expires_at)?,
-        }))
+        rows.first().map(|row| self.claimed(id, row)).transpose()
     }
 
     async fn claim_ready(
@@ -723,15 +755,47 @@ impl RunStore for SqliteStore {
         if let TaskOutcome::Succeeded { output } = &outcome
             && !handoff.is_empty()
         {
-            return self
-                .finish_handing_off(id, token, worker, output, handoff, handover)
-                .await;
+            let (finished, _) = self
+                .finish_handing_off(id, token, worker, output, handoff, handover, None)
+                .await?;
+            return Ok(finished);
         }
         Ok(Finished {
             result: self.finish(id, token, worker, outcome).await?,
             held: Vec::new(),
             queued: false,
         })
+    }
+
+    async fn finish_and_claim(
+        &self,
+        finish: FinishCall<'_>,
+        next: NextClaim,
+    ) -> Result<(Finished, Result<Option<Claim>, store::Error>), store::Error> {
+        let FinishCall {
+            id,
+            token,
+            worker,
+            outcome,
+            handoff,
+            handover,
+        } = finish;
+        let outcome = outcome.storable();
+        // The hot path (a success handing on) is one call; other outcomes
+        // are rarer, and take the two.
+        if let TaskOutcome::Succeeded { output } = &outcome
+            && !handoff.is_empty()
+        {
+            let (finished, claimed) = self
+                .finish_handing_off(id, token, worker, output, handoff, handover, Some(next))
+                .await?;
+            return Ok((finished, claimed.unwrap_or(Ok(None))));
+        }
+        let finished = self
+            .finish_and_hand_off(id, token, worker, outcome, handoff, handover)
+            .await?;
+        let claimed = self.claim_task_run(next.id, next.token, worker, next.lease).await;
+        Ok((finished, claimed))
     }
 
     async fn transition_task_run(

@@ -76,7 +76,7 @@ const EAGER_WAIT: Duration = Duration::from_micros(250);
 /// the values bound it stops binding the statement, leaving its later
 /// `?NNN` NULL. Padding keeps every slot in range (`tests::padding_covers_every_call`
 /// checks each multi-statement SQL needs fewer).
-pub(crate) const PAD: usize = 40;
+pub(crate) const PAD: usize = 64;
 
 /// A query as the store builds it: SQL text is always a `'static` constant,
 /// values are always bound.

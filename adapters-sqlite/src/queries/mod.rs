@@ -65,11 +65,14 @@ macro_rules! event_insert {
     };
 }
 
-/// The event of task run `?2` after the statement before it changed that
-/// row (`changes() = 1`), with the row's attempt and token after the
-/// transition. `$worker` and `$error` are SQL expressions.
+/// The event of task run `?2` (or `$id`) after the statement before it
+/// changed that row (`changes() = 1`), with the row's attempt and token
+/// after the transition. `$worker` and `$error` are SQL expressions.
 macro_rules! event_if_changed {
     ($transition:literal, $from:literal, $to:literal, $worker:literal, $error:literal) => {
+        event_if_changed!($transition, $from, $to, $worker, $error, "?2")
+    };
+    ($transition:literal, $from:literal, $to:literal, $worker:literal, $error:literal, $id:literal) => {
         concat!(
             event_insert!(),
             "SELECT ",
@@ -86,7 +89,9 @@ macro_rules! event_if_changed {
             now!(),
             ", ",
             $error,
-            " FROM task_run WHERE id = ?2 AND changes() = 1"
+            " FROM task_run WHERE id = ",
+            $id,
+            " AND changes() = 1"
         )
     };
 }
@@ -179,6 +184,7 @@ pub(crate) fn grouped_writes() -> Vec<(&'static str, &'static str)> {
         ("claim", CLAIM),
         ("finish succeeded", FINISH_SUCCEEDED),
         ("finish handing off", FINISH_HANDING_OFF),
+        ("finish handing off, then claim", FINISH_HANDING_OFF_THEN_CLAIM),
         ("finish failed", FINISH_FAILED),
         ("finish retry", FINISH_RETRY),
         ("finish cancelled", FINISH_CANCELLED),

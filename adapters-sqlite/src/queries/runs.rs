@@ -9,21 +9,33 @@ macro_rules! summary_columns {
 }
 
 /// claim_task_run: ready → running at the dispatch's token (primary key).
-/// `?2` id, `?3` token, `?4` worker, `?5` lease in ms.
+/// `?2` id, `?3` token, `?4` worker, `?5` lease in ms; given, `$id`,
+/// `$token` and `$lease` number those instead, and `$tag` (`N AS tag, `)
+/// leads the returned row.
 macro_rules! claim_update {
     () => {
+        claim_update!("?2", "?3", "?5", "")
+    };
+    ($id:literal, $token:literal, $lease:literal, $tag:literal) => {
         concat!(
             "UPDATE task_run SET state = 'running', fencing_token = fencing_token + 1, lease_owner = ?4, \
              progress = NULL, lease_expires_at = ",
             now!(),
-            " + ?5, started_at = COALESCE(started_at, ",
+            " + ",
+            $lease,
+            ", started_at = COALESCE(started_at, ",
             now!(),
             "), needs_pass = CASE WHEN needs_pass = 1 OR (started_at IS NULL AND \
              (SELECT r.state FROM workflow_run r WHERE r.id = task_run.run_id) = 'pending') THEN 1 ELSE 0 END \
-             WHERE id = ?2 AND state = 'ready' AND fencing_token = ?3 \
-             AND (compensate_for IS NOT NULL \
+             WHERE id = ",
+            $id,
+            " AND state = 'ready' AND fencing_token = ",
+            $token,
+            " AND (compensate_for IS NOT NULL \
                   OR (SELECT r.cancel_requested_at FROM workflow_run r WHERE r.id = task_run.run_id) IS NULL) \
-             RETURNING run_id, task_key, compensate_for, attempt, attempt_base, fencing_token, lease_expires_at, needs_pass, \
+             RETURNING ",
+            $tag,
+            "run_id, task_key, compensate_for, attempt, attempt_base, fencing_token, lease_expires_at, needs_pass, \
              (SELECT r.workflow_id FROM workflow_run r WHERE r.id = task_run.run_id) AS workflow_id"
         )
     };
@@ -78,23 +90,44 @@ pub(crate) const FINISH_SUCCEEDED: &str = concat!(finish_succeeded!("1"), "; COM
 pub(crate) const CREATE_HANDING_OFF: &str =
     "CREATE TEMP TABLE IF NOT EXISTS handing_off (run_id TEXT NOT NULL, whole INTEGER NOT NULL DEFAULT 0)";
 
-/// finish_and_hand_off in one call (docs/design/scheduler.md#handoff): the
-/// success, then, only when it was recorded, [`hand_off!`]'s promotion of
-/// the dependents it alone held back and lowering of its joins. The flag
-/// is left as it was (a first claim's stays): the promotion sets it unless
-/// the handoff was whole. A stale finish keeps its audit and promotes
-/// nothing. `?2` id, `?3` token, `?4` worker, `?5` output, `?6` the
-/// dependents (a JSON array), `?7` whole, `?8` the hold in milliseconds
-/// or NULL, `?9` whether the caller pushes the dispatches, `?10` the
-/// joins (a JSON array).
-pub(crate) const FINISH_HANDING_OFF: &str = concat!(
-    finish_succeeded!(
-        "needs_pass",
-        "INSERT INTO temp.handing_off (run_id) SELECT run_id FROM task_run WHERE id = ?2 AND changes() = 1; "
-    ),
+/// finish_and_hand_off, its transaction left open
+/// (docs/design/scheduler.md#handoff): the success, then, only when it was
+/// recorded, [`hand_off!`]'s promotion of the dependents it alone held
+/// back and lowering of its joins. The flag is left as it was (a first
+/// claim's stays): the promotion sets it unless the handoff was whole. A
+/// stale finish keeps its audit and promotes nothing. `?2` id, `?3`
+/// token, `?4` worker, `?5` output, `?6` the dependents (a JSON array),
+/// `?7` whole, `?8` the hold in milliseconds or NULL, `?9` whether the
+/// caller pushes the dispatches, `?10` the joins (a JSON array).
+macro_rules! finish_handing_off {
+    () => {
+        concat!(
+            finish_succeeded!(
+                "needs_pass",
+                "INSERT INTO temp.handing_off (run_id) SELECT run_id FROM task_run WHERE id = ?2 AND changes() = 1; "
+            ),
+            "; ",
+            hand_off!(),
+            "; DELETE FROM temp.handing_off"
+        )
+    };
+}
+
+/// finish_and_hand_off in one call: [`finish_handing_off!`], committed.
+pub(crate) const FINISH_HANDING_OFF: &str = concat!(finish_handing_off!(), "; COMMIT");
+
+/// finish_and_claim in one call and one transaction
+/// (docs/design/leases-and-fencing.md#finish-and-claim-next):
+/// [`FINISH_HANDING_OFF`]'s statements and values, then [`CLAIM`]'s of the
+/// next task run for the same worker `?4`, `?11` its id, `?12` its token,
+/// `?13` the lease in ms. The claim's row comes back tagged 7.
+pub(crate) const FINISH_HANDING_OFF_THEN_CLAIM: &str = concat!(
+    finish_handing_off!(),
     "; ",
-    hand_off!(),
-    "; DELETE FROM temp.handing_off; COMMIT"
+    claim_update!("?11", "?12", "?13", "7 AS tag, "),
+    "; ",
+    event_if_changed!("claim", "ready", "running", "?4", "NULL", "?11"),
+    "; COMMIT"
 );
 
 /// finish_task_run, `fail` for good: `?5` the error.
