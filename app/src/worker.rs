@@ -15,7 +15,9 @@ use flowforge_domain::TaskRunState;
 use flowforge_domain::limits::{self, Limits, ValueKind};
 use flowforge_domain::plan::Handoff;
 use flowforge_ports::handler::Pulse;
-use flowforge_ports::store::{Claim, FinishResult, Handover, LeaseStatus, TaskInputs, TaskOutcome};
+use flowforge_ports::store::{
+    Claim, FinishCall, FinishResult, Finished, Handover, LeaseStatus, NextClaim, TaskInputs, TaskOutcome,
+};
 use flowforge_ports::{
     Delivery, Dispatch, DispatchConsumer, DispatchQueue, HandlerError, RunId, Scope, Store, TaskContext, TaskEvent,
     WorkerId, queue, store,
@@ -131,6 +133,27 @@ impl Carried {
         )
     }
 }
+
+/// A delivery a slot took as its attempt ended, beside the one it was
+/// finishing (docs/design/leases-and-fencing.md#finish-and-claim-next),
+/// with the claim that finish made of it, if it made one.
+struct Taken<D> {
+    delivery: D,
+    claimed: Option<Claimed>,
+}
+
+/// A claim made before its delivery is handled: the store's answer, and
+/// when it was asked (the lease's local deadline counts from then).
+struct Claimed {
+    answer: Result<Option<Claim>, store::Error>,
+    asked: Instant,
+}
+
+/// Asked once, as an attempt ends, for the slot's next delivery if one
+/// already waits: `None` when none does, `Some(None)` for one taken that
+/// this worker does not serve (handled as it comes, not claimed), else
+/// the claim its finish makes.
+type TakeNext<'a> = dyn FnMut() -> Option<Option<NextClaim>> + Send + 'a;
 
 impl WorkerConfig {
     /// A config with the default lease
@@ -356,16 +379,25 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                     }
                 }
             };
+            // What a finish took for this slot is handled before anything
+            // else, shutdown included: its claim may be made already.
+            let mut taken: Option<Taken<<Q::Consumer as DispatchConsumer>::Delivery>> = None;
             loop {
-                let next = tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => return Ok(()),
-                    next = consumer.next() => next,
+                let next = match taken.take() {
+                    Some(t) => Ok(Some((t.delivery, t.claimed))),
+                    None => tokio::select! {
+                        biased;
+                        () = shutdown.cancelled() => return Ok(()),
+                        next = consumer.next() => next.map(|d| d.map(|d| (d, None))),
+                    },
                 };
                 match next {
-                    Ok(Some(delivery)) => {
+                    Ok(Some((delivery, claimed))) => {
                         failures = 0;
-                        let (handled, kept) = self.handle_delivery(delivery, self.config.chain_hops > 0).await;
+                        let may_keep = self.config.chain_hops > 0;
+                        let mut take = || consumer.try_next();
+                        let (handled, kept, next) = self.handle_delivery(delivery, claimed, may_keep, &mut take).await;
+                        taken = next;
                         self.continue_chain(kept, &shutdown).await;
                         if let Err(e) = handled {
                             // The outcome is stored but the ack failed: drop the
@@ -394,7 +426,7 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
     /// published, none of it run here. `Err` only when the final ack or
     /// nack failed (the caller tears the connection down).
     pub async fn handle<D: Delivery>(&self, delivery: D) -> Result<Handled, queue::Error> {
-        self.handle_delivery(delivery, false).await.0
+        self.handle_delivery(delivery, None, false, &mut || None).await.0
     }
 
     /// Runs what its own finishes kept for the slot
@@ -435,7 +467,9 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             {
                 Ok(Some(claim)) => {
                     after_commit.kept(d.clone());
-                    let (finished, kept) = self.run_claimed(&d, &claim, asked, None, may_keep, carried).await;
+                    let (finished, kept, _) = self
+                        .run_claimed(&d, &claim, asked, None, may_keep, carried, &mut || None)
+                        .await;
                     if let Err(e) = finished {
                         // No delivery to return: the row stays running until
                         // the reaper takes its lease back and retries it.
@@ -460,43 +494,58 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
         .await
     }
 
-    /// [`Worker::handle`], keeping for the slot, when `may_keep`, one of the
-    /// dispatches its success makes ready.
+    /// [`Worker::handle`] of a delivery `claimed` already or not, keeping
+    /// for the slot, when `may_keep`, one of the dispatches its success
+    /// makes ready, and returning the slot's next delivery if its finish
+    /// took one from `take_next`.
     async fn handle_delivery<D: Delivery>(
         &self,
         delivery: D,
+        claimed: Option<Claimed>,
         may_keep: bool,
-    ) -> (Result<Handled, queue::Error>, Option<Kept>) {
+        take_next: &mut (dyn FnMut() -> Option<D> + Send),
+    ) -> (Result<Handled, queue::Error>, Option<Kept>, Option<Taken<D>>) {
         let d: Dispatch = delivery.dispatch().clone();
         let span = task_span(&d, false);
         let mut kept = None;
+        let mut taken = None;
+        let mut next_claimed = None;
         let handled = async {
-            // Claiming would spend the attempt on a worker that cannot run
-            // it; on a queue shared with workers that serve more types, the
-            // dispatch belongs to one of them.
-            if !self.registry.contains(&d.task_type) {
-                // A type served by polling workers only (over the API) has
-                // its dispatches circle among the consumers until one of
-                // those claims the row; from then on the dispatch is stale
-                // and dropped here rather than returned.
-                if let Ok(false) = self.store.dispatch_is_current(d.task_run_id, d.fencing_token).await {
-                    tracing::debug!("not ready at this token any more (claimed by a polling worker); acking");
-                    delivery.ack().await?;
-                    return Ok(Handled::Skipped);
+            let (answer, asked) = match claimed {
+                // Claimed by the finish before it: served here.
+                Some(Claimed { answer, asked }) => (answer, asked),
+                None => {
+                    // Claiming would spend the attempt on a worker that
+                    // cannot run it; on a queue shared with workers that
+                    // serve more types, the dispatch belongs to one of them.
+                    if !self.registry.contains(&d.task_type) {
+                        // A type served by polling workers only (over the
+                        // API) has its dispatches circle among the consumers
+                        // until one of those claims the row; from then on
+                        // the dispatch is stale and dropped here rather
+                        // than returned.
+                        if let Ok(false) = self.store.dispatch_is_current(d.task_run_id, d.fencing_token).await {
+                            tracing::debug!("not ready at this token any more (claimed by a polling worker); acking");
+                            delivery.ack().await?;
+                            return Ok(Handled::Skipped);
+                        }
+                        tracing::debug!(task_type = %d.task_type, "task type not served here; returning the dispatch");
+                        tokio::time::sleep(NOT_SERVED_PAUSE).await;
+                        delivery.nack_requeue().await?;
+                        return Ok(Handled::NotServed);
+                    }
+                    // The lease's local deadline counts from before the
+                    // claim was sent: the store stamps the expiry later
+                    // than that.
+                    let asked = Instant::now();
+                    let answer = self
+                        .store
+                        .claim_task_run(d.task_run_id, d.fencing_token, &self.config.id, self.config.lease)
+                        .await;
+                    (answer, asked)
                 }
-                tracing::debug!(task_type = %d.task_type, "task type not served here; returning the dispatch");
-                tokio::time::sleep(NOT_SERVED_PAUSE).await;
-                delivery.nack_requeue().await?;
-                return Ok(Handled::NotServed);
-            }
-            // The lease's local deadline counts from before the claim was
-            // sent: the store stamps the expiry later than that.
-            let asked = Instant::now();
-            let claim = match self
-                .store
-                .claim_task_run(d.task_run_id, d.fencing_token, &self.config.id, self.config.lease)
-                .await
-            {
+            };
+            let claim = match answer {
                 Ok(Some(claim)) => claim,
                 Ok(None) => {
                     tracing::debug!(
@@ -515,10 +564,22 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                     return Ok(Handled::Requeued);
                 }
             };
-            let (finished, next) = self
-                .run_claimed(&d, &claim, asked, delivery.trace_parent(), may_keep, None)
+            let mut take = || {
+                let next = take_next()?;
+                let dispatch = next.dispatch();
+                let claim = self.registry.contains(&dispatch.task_type).then_some(NextClaim {
+                    id: dispatch.task_run_id,
+                    token: dispatch.fencing_token,
+                    lease: self.config.lease,
+                });
+                taken = Some(next);
+                Some(claim)
+            };
+            let (finished, next, claimed) = self
+                .run_claimed(&d, &claim, asked, delivery.trace_parent(), may_keep, None, &mut take)
                 .await;
             kept = next;
+            next_claimed = claimed;
             match finished {
                 Ok(result) => {
                     delivery.ack().await?;
@@ -536,12 +597,21 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
         }
         .instrument(span)
         .await;
-        (handled, kept)
+        let taken = taken.map(|delivery| Taken {
+            delivery,
+            claimed: next_claimed,
+        });
+        (handled, kept, taken)
     }
 
     /// Runs a claimed attempt of dispatch `d`, with what the task before
     /// it in this slot `carried`, and stores its outcome, returning it
-    /// with the dispatch its success kept for this slot, if any.
+    /// with the dispatch its success kept for this slot, if any, and the
+    /// claim of what `take_next` gave as the attempt ended.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one attempt's context, each from a different source"
+    )]
     async fn run_claimed(
         &self,
         d: &Dispatch,
@@ -550,7 +620,8 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
         trace_parent: Option<&str>,
         may_keep: bool,
         carried: Option<Carried>,
-    ) -> (Result<FinishResult, store::Error>, Option<Kept>) {
+        take_next: &mut TakeNext<'_>,
+    ) -> (Result<FinishResult, store::Error>, Option<Kept>, Option<Claimed>) {
         tracing::Span::current()
             .record("attempt", claim.attempt)
             .record("token", claim.token);
@@ -576,10 +647,13 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
             .attempt(claim, asked, carried, may_keep)
             .instrument(execute.clone())
             .await;
-        let finished = self.finish(claim, &outcome, may_keep).instrument(execute).await;
+        let finished = self
+            .finish(claim, &outcome, may_keep, take_next)
+            .instrument(execute)
+            .await;
         crate::metrics::slot_busy(-1.0);
         match finished {
-            Ok((result, kept)) => {
+            Ok((result, kept, claimed)) => {
                 crate::metrics::attempt_finished(&d.task_type, result, asked.elapsed());
                 self.report(result, event);
                 let kept = kept.map(|dispatch| Kept {
@@ -593,9 +667,9 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                         _ => None,
                     },
                 });
-                (Ok(result), kept)
+                (Ok(result), kept, claimed)
             }
-            Err(e) => (Err(e), None),
+            Err(e) => (Err(e), None, None),
         }
     }
 
@@ -606,19 +680,48 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
     /// again). Retrying is safe at any time, since the token decides: once
     /// the lease has been reaped, the finish is `Stale`. With `may_keep`,
     /// one of the dispatches the success hands over is kept for this slot
-    /// instead ([`Worker::keep`]).
+    /// instead ([`Worker::keep`]), unless `take_next` gives the slot its
+    /// next delivery: then the first try also claims that delivery's task
+    /// run (docs/design/leases-and-fencing.md#finish-and-claim-next),
+    /// returning the claim's answer.
     async fn finish(
         &self,
         claim: &Claim,
         outcome: &TaskOutcome,
         may_keep: bool,
-    ) -> Result<(FinishResult, Option<Dispatch>), store::Error> {
+        take_next: &mut TakeNext<'_>,
+    ) -> Result<(FinishResult, Option<Dispatch>, Option<Claimed>), store::Error> {
         let handoff = self.handoff(claim, outcome).await;
         let after_commit = self.config.after_commit.as_ref();
         let handover = after_commit.map_or(Handover::Sweep, |a| a.handover_for(&handoff));
         let started = Instant::now();
         let mut pause = FINISH_RETRY_FIRST_PAUSE;
         let mut failed_before = false;
+        let next = take_next();
+        // A slot with its next delivery in hand runs that next, not a chain.
+        let may_keep = may_keep && next.is_none();
+        if let Some(Some(next)) = next {
+            let asked = Instant::now();
+            let call = FinishCall {
+                id: claim.task_run_id,
+                token: claim.token,
+                worker: &self.config.id,
+                outcome: outcome.clone(),
+                handoff: &handoff,
+                handover,
+            };
+            match self.store.finish_and_claim(call, next).await {
+                Ok((finished, answer)) => {
+                    let (result, _) = self.settle(claim, finished, handover, false, false).await;
+                    return Ok((result, None, Some(Claimed { answer, asked })));
+                }
+                Err(e) => {
+                    // The next delivery is claimed the usual way instead.
+                    tracing::warn!(error = %e, "storing the outcome with the next claim failed; storing it alone");
+                    failed_before = true;
+                }
+            }
+        }
         loop {
             match self
                 .store
@@ -639,25 +742,41 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                     pause = (pause * 2).min(FINISH_RETRY_MAX_PAUSE);
                 }
                 Ok(finished) => {
-                    if handover == Handover::Pushed && failed_before && finished.result == FinishResult::Stale {
-                        self.rearm_unpushed(claim).await;
-                    }
-                    // Rows come back only when the handover is ours.
-                    let mut handed = finished.held;
-                    let kept = match after_commit {
-                        Some(after_commit) if may_keep && !finished.queued => self.keep(&mut handed, after_commit),
-                        _ => None,
-                    };
-                    if let Some(after_commit) = after_commit
-                        && !handed.is_empty()
-                    {
-                        after_commit.hand(handed, finished.queued).await;
-                    }
-                    return Ok((finished.result, kept));
+                    let (result, kept) = self.settle(claim, finished, handover, failed_before, may_keep).await;
+                    return Ok((result, kept, None));
                 }
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Hands what a stored finish made ready to the queue, keeping one for
+    /// this slot when `may_keep`, and re-arms what a finish whose earlier
+    /// try `failed_before` may have handed on unpushed.
+    async fn settle(
+        &self,
+        claim: &Claim,
+        finished: Finished,
+        handover: Handover,
+        failed_before: bool,
+        may_keep: bool,
+    ) -> (FinishResult, Option<Dispatch>) {
+        let after_commit = self.config.after_commit.as_ref();
+        if handover == Handover::Pushed && failed_before && finished.result == FinishResult::Stale {
+            self.rearm_unpushed(claim).await;
+        }
+        // Rows come back only when the handover is ours.
+        let mut handed = finished.held;
+        let kept = match after_commit {
+            Some(after_commit) if may_keep && !finished.queued => self.keep(&mut handed, after_commit),
+            _ => None,
+        };
+        if let Some(after_commit) = after_commit
+            && !handed.is_empty()
+        {
+            after_commit.hand(handed, finished.queued).await;
+        }
+        (finished.result, kept)
     }
 
     /// Takes from `handed` the dispatch this slot runs next
