@@ -1135,3 +1135,97 @@ fn held_dispatches(rows: &[sqlx::sqlite::SqliteRow]) -> Vec<Dispatch> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use flowforge_domain::plan::Handoff;
+    use flowforge_domain::{TaskRunState, WorkflowDefinition, WorkflowDocument};
+    use flowforge_ports::store::{FinishCall, FinishResult, Handover, NextClaim};
+    use flowforge_ports::{DefinitionStore, RunStore, SystemClock, TaskOutcome, WorkerId};
+    use serde_json::json;
+
+    use crate::SqliteStore;
+
+    const LEASE: Duration = Duration::from_secs(300);
+
+    /// A success handing on and the claim of the slot's next task take
+    /// one write call (docs/design/leases-and-fencing.md#finish-and-claim-next),
+    /// where a failure and its claim take two.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_success_handing_on_and_the_next_claim_take_one_write() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let url = format!("sqlite://{}", dir.path().join("ff.db").display());
+        let store = SqliteStore::connect(&url, Arc::new(SystemClock))
+            .await
+            .expect("connect");
+        let doc: WorkflowDocument = serde_json::from_value(json!({"name": "fork", "version": 1, "tasks": [
+            {"key": "a", "task_type": "noop"},
+            {"key": "b", "task_type": "noop"},
+            {"key": "c", "task_type": "noop", "depends_on": ["a"]}
+        ]}))
+        .expect("a document");
+        let definition = WorkflowDefinition::from_document(doc).expect("a definition");
+        let published = store.publish_definition(&definition).await.expect("publish");
+        let w = WorkerId("w".into());
+        let handoff = Handoff {
+            dependents: vec!["c".to_owned()],
+            joins: Vec::new(),
+            whole: true,
+        };
+        for (outcome, calls) in [
+            (TaskOutcome::Succeeded { output: json!({}) }, 1),
+            (
+                TaskOutcome::Failed {
+                    error: "boom".into(),
+                    retry_in: None,
+                },
+                2,
+            ),
+        ] {
+            let run = store.start_run(published.id, json!({})).await.expect("start");
+            let tasks = store.get_run(run).await.expect("get_run").expect("the run").tasks;
+            let of = |key: &str| tasks.iter().find(|t| t.key == key).expect("the task");
+            let (a, b) = (of("a"), of("b"));
+            let claim = store
+                .claim_task_run(a.id, a.token, &w, LEASE)
+                .await
+                .expect("claim")
+                .expect("a is ready");
+            let before = store.inner.writes.load(Ordering::Relaxed);
+            let call = FinishCall {
+                id: claim.task_run_id,
+                token: claim.token,
+                worker: &w,
+                outcome: outcome.clone(),
+                handoff: &handoff,
+                handover: Handover::Pushed,
+            };
+            let next = NextClaim {
+                id: b.id,
+                token: b.token,
+                lease: LEASE,
+            };
+            let (finished, claimed) = store.finish_and_claim(call, next).await.expect("finish_and_claim");
+            assert_eq!(
+                store.inner.writes.load(Ordering::Relaxed) - before,
+                calls,
+                "{outcome:?}: write calls"
+            );
+            assert!(matches!(finished.result, FinishResult::Recorded(_)), "{outcome:?}");
+            assert_eq!(claimed.expect("the claim").map(|c| c.task_key), Some("b".to_owned()));
+            let succeeded = matches!(outcome, TaskOutcome::Succeeded { .. });
+            assert_eq!(finished.held.len(), usize::from(succeeded), "c handed on");
+            let after = store.get_run(run).await.expect("get_run").expect("the run").tasks;
+            let state = |key: &str| after.iter().find(|t| t.key == key).expect("the task").state;
+            assert_eq!(state("b"), TaskRunState::Running);
+            if succeeded {
+                assert_eq!(state("c"), TaskRunState::Ready);
+            }
+        }
+        store.close().await;
+    }
+}

@@ -110,7 +110,7 @@ pub(crate) struct Inner {
     /// Which reader the next read waits for when all are busy.
     next_reader: AtomicUsize,
     /// Write calls so far, to pace the background checkpoints.
-    writes: AtomicU32,
+    pub(crate) writes: AtomicU32,
     /// Asks the background checkpointer for a checkpoint (file databases).
     checkpoints: Option<mpsc::Sender<()>>,
     /// The checkpointer's connection, closed with the others.
