@@ -203,38 +203,42 @@ impl DispatchConsumer for InprocConsumer {
             let notified = self.inner.available.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(delivery) = take(&self.inner) {
-                return Ok(Some(delivery));
+            match take(&self.inner) {
+                (Some(delivery), _) => return Ok(Some(delivery)),
+                (None, true) => return Ok(None),
+                (None, false) => notified.await,
             }
-            if self.inner.lock().closed {
-                return Ok(None);
-            }
-            notified.await;
         }
     }
 
     fn try_next(&mut self) -> Option<InprocDelivery> {
-        take(&self.inner)
+        take(&self.inner).0
     }
 }
 
-/// The most urgent waiting dispatch, as a delivery, if one waits.
-fn take(inner: &Arc<Inner>) -> Option<InprocDelivery> {
+/// The most urgent waiting dispatch, as a delivery, if one waits, and
+/// whether the queue is closed, seen under one lock: a closed queue still
+/// hands out what it holds.
+fn take(inner: &Arc<Inner>) -> (Option<InprocDelivery>, bool) {
     let mut ready = inner.lock();
-    let Reverse(Waiting {
+    let Some(Reverse(Waiting {
         dispatch, redelivered, ..
-    }) = ready.messages.pop()?;
+    })) = ready.messages.pop()
+    else {
+        return (None, ready.closed);
+    };
     let more = !ready.messages.is_empty();
     drop(ready);
     if more {
         // Pass the baton: another waiting consumer may take the next one.
         inner.available.notify_one();
     }
-    Some(InprocDelivery {
+    let delivery = InprocDelivery {
         inner: Arc::clone(inner),
         dispatch: Some(dispatch),
         redelivered,
-    })
+    };
+    (Some(delivery), false)
 }
 
 /// One delivery; dropped without `ack` it goes back to the queue.

@@ -395,11 +395,23 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                     Ok(Some((delivery, claimed))) => {
                         failures = 0;
                         let may_keep = self.config.chain_hops > 0;
-                        let mut take = || consumer.try_next();
+                        // A stopping slot takes no more work.
+                        let mut take = || {
+                            if shutdown.is_cancelled() {
+                                None
+                            } else {
+                                consumer.try_next()
+                            }
+                        };
                         let (handled, kept, next) = self.handle_delivery(delivery, claimed, may_keep, &mut take).await;
                         taken = next;
                         self.continue_chain(kept, &shutdown).await;
                         if let Err(e) = handled {
+                            // Its claim may be made already: run it before
+                            // the consumer it came from goes.
+                            if let Some(t) = taken.take() {
+                                let _ = self.handle_delivery(t.delivery, t.claimed, false, &mut || None).await;
+                            }
                             // The outcome is stored but the ack failed: drop the
                             // consumer (closing its channel) so the broker
                             // requeues; the redelivery is acked without running.

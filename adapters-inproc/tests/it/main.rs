@@ -42,7 +42,7 @@ async fn delivers_in_order_and_ack_removes() {
 }
 
 #[tokio::test]
-async fn try_next_takes_what_waits_beside_an_unacked_delivery_and_never_waits() {
+async fn try_next_takes_what_waits_beside_an_unacked_delivery() {
     let q = InprocQueue::new();
     let mut c = q.consumer().await.unwrap();
     assert!(c.try_next().is_none(), "nothing waits");
@@ -62,6 +62,15 @@ async fn try_next_takes_what_waits_beside_an_unacked_delivery_and_never_waits() 
     assert!(again.redelivered());
     again.ack().await.unwrap();
     assert!(q.is_empty());
+
+    // A closed queue still hands out what it holds, then ends.
+    publish(&q, &[3]).await;
+    q.close();
+    let last = c.next().await.unwrap().expect("what it held");
+    assert_eq!(last.dispatch().dispatch_id, DispatchId(3));
+    last.ack().await.unwrap();
+    assert!(c.next().await.unwrap().is_none(), "closed and empty");
+    assert!(c.try_next().is_none());
 }
 
 #[tokio::test]

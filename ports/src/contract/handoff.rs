@@ -207,10 +207,19 @@ pub async fn a_stale_or_failed_finish_hands_on_nothing<F: StoreFactory>(factory:
     }
 }
 
-/// Starts a diamond run with `a` claimed (its flags taken) and `b` ready:
-/// `a`'s claim and `b`'s dispatch.
+/// Starts a run of a and b, c after a, and d after both, with `a` claimed
+/// (its flags taken) and `b` ready: `a`'s claim and `b`'s dispatch.
 async fn a_claimed_b_ready<S: Store>(s: &S) -> (RunId, Claim, NextClaim) {
-    let run = start(s, diamond()).await;
+    let run = start(
+        s,
+        json!({"name": "fork", "version": 1, "tasks": [
+            {"key": "a", "task_type": "noop"},
+            {"key": "b", "task_type": "echo"},
+            {"key": "c", "task_type": "noop", "depends_on": ["a"]},
+            {"key": "d", "task_type": "noop", "depends_on": ["a", "b"]}
+        ]}),
+    )
+    .await;
     let a = claim(s, run, "a", "w", LONG).await;
     drain_flags(s, run).await;
     let b = view(s, run, "b").await;
@@ -242,10 +251,11 @@ fn claimed_as(c: &Claim) -> (String, u32, u32, i64, Option<String>) {
 pub async fn finish_and_claim_writes_what_the_two_calls_write<F: StoreFactory>(factory: &F) {
     let (s, _) = fresh(factory).await;
     let w = worker("w");
-    // a's success lowers its join c, which still waits on b.
+    // a's success makes c ready and lowers its join d, which still waits
+    // on b.
     let handoff = Handoff {
-        dependents: Vec::new(),
-        joins: vec!["c".to_owned()],
+        dependents: vec!["c".to_owned()],
+        joins: vec!["d".to_owned()],
         whole: true,
     };
     let call = |a: &Claim, token: i64, outcome: TaskOutcome| FinishCall {
@@ -279,6 +289,10 @@ pub async fn finish_and_claim_writes_what_the_two_calls_write<F: StoreFactory>(f
             written(&s, apart).await,
             "{outcome:?}: the same events, in the same order, and dispatches"
         );
+        if matches!(outcome, TaskOutcome::Succeeded { .. }) {
+            assert_eq!(view(&s, together, "c").await.state, TaskRunState::Ready, "c handed on");
+            assert_eq!(dispatches_of(&s, together, "c").await.len(), 1, "with its dispatch");
+        }
         let flagged = s.runs_with_work(Scope::All, 100).await.expect("runs_with_work");
         assert_eq!(
             flagged.contains(&together),
@@ -297,9 +311,10 @@ pub async fn finish_and_claim_writes_what_the_two_calls_write<F: StoreFactory>(f
     assert_eq!(claimed.expect("the claim").map(|c| c.task_key), Some("b".to_owned()));
     assert_eq!(view(&s, run, "a").await.state, TaskRunState::Running);
     assert_eq!(view(&s, run, "b").await.state, TaskRunState::Running);
+    let history = events(&s, run).await;
     assert_eq!(
-        transitions(&events(&s, run).await).split_last().map(|(last, _)| *last),
-        Some("claim"),
+        transitions(&history[history.len() - 2..]),
+        ["stale_write_rejected", "claim"],
         "the audit, then b's claim"
     );
 
