@@ -409,8 +409,11 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                         if let Err(e) = handled {
                             // Its claim may be made already: run it before
                             // the consumer it came from goes.
-                            if let Some(t) = taken.take() {
-                                let _ = self.handle_delivery(t.delivery, t.claimed, false, &mut || None).await;
+                            if let Some(t) = taken.take()
+                                && let (Err(e), ..) =
+                                    self.handle_delivery(t.delivery, t.claimed, false, &mut || None).await
+                            {
+                                tracing::warn!(slot, error = %e, "acknowledging the next delivery failed too");
                             }
                             // The outcome is stored but the ack failed: drop the
                             // consumer (closing its channel) so the broker
