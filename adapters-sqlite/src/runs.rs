@@ -772,30 +772,26 @@ impl RunStore for SqliteStore {
         finish: FinishCall<'_>,
         next: NextClaim,
     ) -> Result<(Finished, Result<Option<Claim>, store::Error>), store::Error> {
-        let FinishCall {
-            id,
-            token,
-            worker,
-            outcome,
-            handoff,
-            handover,
-        } = finish;
-        let outcome = outcome.storable();
+        let outcome = finish.outcome.storable();
         // The hot path (a success handing on) is one call; other outcomes
         // are rarer, and take the two.
         if let TaskOutcome::Succeeded { output } = &outcome
-            && !handoff.is_empty()
+            && !finish.handoff.is_empty()
         {
             let (finished, claimed) = self
-                .finish_handing_off(id, token, worker, output, handoff, handover, Some(next))
+                .finish_handing_off(
+                    finish.id,
+                    finish.token,
+                    finish.worker,
+                    output,
+                    finish.handoff,
+                    finish.handover,
+                    Some(next),
+                )
                 .await?;
             return Ok((finished, claimed.unwrap_or(Ok(None))));
         }
-        let finished = self
-            .finish_and_hand_off(id, token, worker, outcome, handoff, handover)
-            .await?;
-        let claimed = self.claim_task_run(next.id, next.token, worker, next.lease).await;
-        Ok((finished, claimed))
+        store::finish_then_claim(self, FinishCall { outcome, ..finish }, next).await
     }
 
     async fn transition_task_run(

@@ -362,22 +362,7 @@ pub trait RunStore: Send + Sync + 'static {
         finish: FinishCall<'_>,
         next: NextClaim,
     ) -> impl Future<Output = Result<(Finished, Result<Option<Claim>, Error>), Error>> + Send {
-        async move {
-            let finished = self
-                .finish_and_hand_off(
-                    finish.id,
-                    finish.token,
-                    finish.worker,
-                    finish.outcome,
-                    finish.handoff,
-                    finish.handover,
-                )
-                .await?;
-            let claimed = self
-                .claim_task_run(next.id, next.token, finish.worker, next.lease)
-                .await;
-            Ok((finished, claimed))
-        }
+        finish_then_claim(self, finish, next)
     }
 
     /// The generic path for edges without a lease or side data:
@@ -767,6 +752,30 @@ pub trait WorkerRegistry: Send + Sync + 'static {
 pub trait Store:
     DefinitionStore + RunStore + OutboxStore + WorkerRegistry + TokenStore + ScheduleStore + Clone
 {
+}
+
+/// [`RunStore::finish_and_claim`] as two calls, one after the other: its
+/// default, and what a store that runs some outcomes in one call runs for
+/// the others.
+pub async fn finish_then_claim<S: RunStore + ?Sized>(
+    store: &S,
+    finish: FinishCall<'_>,
+    next: NextClaim,
+) -> Result<(Finished, Result<Option<Claim>, Error>), Error> {
+    let finished = store
+        .finish_and_hand_off(
+            finish.id,
+            finish.token,
+            finish.worker,
+            finish.outcome,
+            finish.handoff,
+            finish.handover,
+        )
+        .await?;
+    let claimed = store
+        .claim_task_run(next.id, next.token, finish.worker, next.lease)
+        .await;
+    Ok((finished, claimed))
 }
 
 impl<T: DefinitionStore + RunStore + OutboxStore + WorkerRegistry + TokenStore + ScheduleStore + Clone> Store for T {}
