@@ -45,14 +45,23 @@ macro_rules! claim_update {
 #[cfg(test)]
 pub(crate) const CLAIM_UPDATE: &str = claim_update!();
 
-/// claim_task_run in one call: the UPDATE, then its event when it matched.
-pub(crate) const CLAIM: &str = concat!(
-    "BEGIN IMMEDIATE; ",
-    claim_update!(),
-    "; ",
-    event_if_changed!("claim", "ready", "running", "?4", "NULL"),
-    "; COMMIT"
-);
+/// claim_task_run's two statements: [`claim_update!`], then its event
+/// when it matched, numbered as [`claim_update!`] numbers them.
+macro_rules! claim {
+    () => {
+        claim!("?2", "?3", "?5", "")
+    };
+    ($id:literal, $token:literal, $lease:literal, $tag:literal) => {
+        concat!(
+            claim_update!($id, $token, $lease, $tag),
+            "; ",
+            event_if_changed!("claim", "ready", "running", "?4", "NULL", $id)
+        )
+    };
+}
+
+/// claim_task_run in one call: [`claim!`], committed.
+pub(crate) const CLAIM: &str = concat!("BEGIN IMMEDIATE; ", claim!(), "; COMMIT");
 
 /// finish_task_run, `succeed`, its transaction left open, setting the
 /// flag to `$flag`, with `$then` between the success's event and the
@@ -124,9 +133,7 @@ pub(crate) const FINISH_HANDING_OFF: &str = concat!(finish_handing_off!(), "; CO
 pub(crate) const FINISH_HANDING_OFF_THEN_CLAIM: &str = concat!(
     finish_handing_off!(),
     "; ",
-    claim_update!("?11", "?12", "?13", "7 AS tag, "),
-    "; ",
-    event_if_changed!("claim", "ready", "running", "?4", "NULL", "?11"),
+    claim!("?11", "?12", "?13", "7 AS tag, "),
     "; COMMIT"
 );
 
