@@ -1,14 +1,15 @@
 //! Distributed-mode benchmarks (issue 5): real `flowforge` processes from
 //! the release binary — `migrate`, one `scheduler`, one `publisher` and two
-//! `worker`s (`--concurrency` 4 each: issue 15's 2 workers × 4 slots) — on this benchmark's own
-//! PostgreSQL database and RabbitMQ queue, noop tasks, runs started through
-//! `PgStore` (publish + start_run, as `flowforge submit` does) and awaited.
+//! `worker`s (`--concurrency` 4 each: issue 15's 2 workers × 4 slots) — on
+//! this benchmark's own PostgreSQL database and RabbitMQ queue, noop
+//! tasks, runs started through `PgStore` (publish + start_run, as
+//! `flowforge submit` does) and awaited.
 //! Prints one JSON object per scenario; `cargo xtask bench distributed`
 //! runs it and writes the figures down.
 //!
 //! * `dist_fanout1000`: issue 15's workload, a 1 → 1 000 → 1 fan-out/fan-in
-//!   (1 002 tasks), run first, on processes that have run nothing else but
-//!   the warm-up: tasks/s, with the CPU each part spent per task (our
+//!   (1 002 tasks), first when no scenario is named, on processes that
+//!   have run nothing else but the warm-up: tasks/s, with the CPU each part spent per task (our
 //!   processes, the PostgreSQL backends grouped by the process they
 //!   serve, the broker) from `/proc`.
 //! * `dist_fanout`: a 9 998-wide fan-out/fan-in (10 000 tasks), the same
