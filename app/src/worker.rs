@@ -380,10 +380,18 @@ impl<S: Store, Q: DispatchQueue> Worker<S, Q> {
                 }
             };
             // What a finish took for this slot is handled before anything
-            // else, shutdown included: its claim may be made already.
+            // else, shutdown included once its claim is made: a stopping
+            // slot returns one it has not claimed (the combined call
+            // failed, or its type is not served here) rather than start it.
             let mut taken: Option<Taken<<Q::Consumer as DispatchConsumer>::Delivery>> = None;
             loop {
                 let next = match taken.take() {
+                    Some(t) if t.claimed.is_none() && shutdown.is_cancelled() => {
+                        if let Err(e) = t.delivery.nack_requeue().await {
+                            tracing::warn!(slot, error = %e, "returning the next delivery failed; the broker requeues it with the channel");
+                        }
+                        return Ok(());
+                    }
                     Some(t) => Ok(Some((t.delivery, t.claimed))),
                     None => tokio::select! {
                         biased;

@@ -289,16 +289,38 @@ pub async fn finish_and_claim_writes_what_the_two_calls_write<F: StoreFactory>(f
             written(&s, apart).await,
             "{outcome:?}: the same events, in the same order, and dispatches"
         );
-        if matches!(outcome, TaskOutcome::Succeeded { .. }) {
-            assert_eq!(view(&s, together, "c").await.state, TaskRunState::Ready, "c handed on");
-            assert_eq!(dispatches_of(&s, together, "c").await.len(), 1, "with its dispatch");
-        }
         let flagged = s.runs_with_work(Scope::All, 100).await.expect("runs_with_work");
         assert_eq!(
             flagged.contains(&together),
             flagged.contains(&apart),
             "{outcome:?}: flagged alike"
         );
+        if matches!(outcome, TaskOutcome::Succeeded { .. }) {
+            assert_eq!(view(&s, together, "c").await.state, TaskRunState::Ready, "c handed on");
+            assert_eq!(dispatches_of(&s, together, "c").await.len(), 1, "with its dispatch");
+            // A lowered join shows only once its last dependency succeeds:
+            // b's success, handed on alike in both runs, finds d's counter
+            // where a's success left it.
+            let last = Handoff {
+                dependents: Vec::new(),
+                joins: vec!["d".to_owned()],
+                whole: true,
+            };
+            for (run, b) in [(together, &claimed), (apart, &claimed_alone)] {
+                // b's claim flagged it (the run is still pending): a flagged
+                // success leaves its joins to the pass.
+                drain_flags(&s, run).await;
+                s.finish_and_hand_off(b.task_run_id, b.token, &w, succeeded(json!({})), &last, Handover::Sweep)
+                    .await
+                    .expect("b's finish");
+                assert_eq!(view(&s, run, "b").await.state, TaskRunState::Succeeded);
+            }
+            assert_eq!(
+                view(&s, together, "d").await.state,
+                view(&s, apart, "d").await.state,
+                "d lowered alike by a's success"
+            );
+        }
     }
 
     // A stale finish (its token taken back) still claims.
