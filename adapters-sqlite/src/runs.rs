@@ -275,34 +275,54 @@ impl SqliteStore {
         }))
     }
 
-    /// A success handed on (docs/design/scheduler.md#handoff), in one
-    /// call: the finish, then, in its transaction and only when it was
-    /// recorded, the promotion of the dependents it alone held back and,
-    /// when that is all a pass would do, the lowering of its joins
-    /// (docs/design/scheduler.md#joins). With `next`, the same call and
-    /// transaction then claims that task run for the same worker
-    /// (docs/design/leases-and-fencing.md#finish-and-claim-next), and
-    /// `Some` of the claim's answer comes back.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "finish_and_hand_off's arguments, and the claim after it"
-    )]
-    async fn finish_handing_off(
+    /// finish_and_hand_off, and with `next` finish_and_claim: a success
+    /// handing on is [`Self::finish_handing_off`]'s one call, which with
+    /// `next` claims it too; any other outcome is [`Self::finish`]'s one
+    /// call, claiming nothing (`None`: the caller claims apart).
+    async fn finish_with(
         &self,
-        id: TaskRunId,
-        token: i64,
-        worker: &WorkerId,
-        output: &Value,
-        handoff: &Handoff,
-        handover: Handover,
+        call: FinishCall<'_>,
         next: Option<NextClaim>,
     ) -> Result<(Finished, Option<Result<Option<Claim>, store::Error>>), store::Error> {
+        let call = FinishCall {
+            outcome: call.outcome.storable(),
+            ..call
+        };
+        if let TaskOutcome::Succeeded { output } = &call.outcome
+            && !call.handoff.is_empty()
+        {
+            return self.finish_handing_off(&call, output, next).await;
+        }
+        let finished = Finished {
+            result: self.finish(call.id, call.token, call.worker, call.outcome).await?,
+            held: Vec::new(),
+            queued: false,
+        };
+        Ok((finished, None))
+    }
+
+    /// A success handed on (docs/design/scheduler.md#handoff), in one
+    /// call: the finish of `call` with its storable `output`, then, in its
+    /// transaction and only when it was recorded, the promotion of the
+    /// dependents it alone held back and, when that is all a pass would
+    /// do, the lowering of its joins (docs/design/scheduler.md#joins).
+    /// With `next`, the same call and transaction then claims that task
+    /// run for the same worker
+    /// (docs/design/leases-and-fencing.md#finish-and-claim-next), and
+    /// `Some` of the claim's answer comes back.
+    async fn finish_handing_off(
+        &self,
+        call: &FinishCall<'_>,
+        output: &Value,
+        next: Option<NextClaim>,
+    ) -> Result<(Finished, Option<Result<Option<Claim>, store::Error>>), store::Error> {
+        let (id, token, handoff, handover) = (call.id, call.token, call.handoff, call.handover);
         let offset = self.inner.offset();
         let output =
             serde_json::to_string(output).map_err(|e| store::Error::Other(format!("cannot encode output: {e}")))?;
         let names = |keys: &[String]| serde_json::to_string(keys).map_err(|e| store::Error::Other(e.to_string()));
         let (dependents, joins) = (names(&handoff.dependents)?, names(&handoff.joins)?);
-        let (worker, stored, whole) = (worker.0.clone(), output.clone(), handoff.whole);
+        let (worker, stored, whole) = (call.worker.0.clone(), output.clone(), handoff.whole);
         let hold = match handover {
             Handover::Held(hold) => Some(duration_ms(hold)),
             Handover::Sweep | Handover::Pushed => None,
@@ -751,20 +771,15 @@ impl RunStore for SqliteStore {
         handoff: &Handoff,
         handover: Handover,
     ) -> Result<Finished, store::Error> {
-        let outcome = outcome.storable();
-        if let TaskOutcome::Succeeded { output } = &outcome
-            && !handoff.is_empty()
-        {
-            let (finished, _) = self
-                .finish_handing_off(id, token, worker, output, handoff, handover, None)
-                .await?;
-            return Ok(finished);
-        }
-        Ok(Finished {
-            result: self.finish(id, token, worker, outcome).await?,
-            held: Vec::new(),
-            queued: false,
-        })
+        let call = FinishCall {
+            id,
+            token,
+            worker,
+            outcome,
+            handoff,
+            handover,
+        };
+        Ok(self.finish_with(call, None).await?.0)
     }
 
     async fn finish_and_claim(
@@ -772,26 +787,15 @@ impl RunStore for SqliteStore {
         finish: FinishCall<'_>,
         next: NextClaim,
     ) -> Result<(Finished, Result<Option<Claim>, store::Error>), store::Error> {
-        let outcome = finish.outcome.storable();
+        let worker = finish.worker;
         // The hot path (a success handing on) is one call; other outcomes
-        // are rarer, and take the two.
-        if let TaskOutcome::Succeeded { output } = &outcome
-            && !finish.handoff.is_empty()
-        {
-            let (finished, claimed) = self
-                .finish_handing_off(
-                    finish.id,
-                    finish.token,
-                    finish.worker,
-                    output,
-                    finish.handoff,
-                    finish.handover,
-                    Some(next),
-                )
-                .await?;
-            return Ok((finished, claimed.unwrap_or(Ok(None))));
-        }
-        store::finish_then_claim(self, FinishCall { outcome, ..finish }, next).await
+        // are rarer, and claim in a second.
+        let (finished, claimed) = self.finish_with(finish, Some(next)).await?;
+        let claimed = match claimed {
+            Some(claimed) => claimed,
+            None => self.claim_task_run(next.id, next.token, worker, next.lease).await,
+        };
+        Ok((finished, claimed))
     }
 
     async fn transition_task_run(
