@@ -207,22 +207,28 @@ macro_rules! handing_run {
 ///
 /// 1. each named dependent (`?6`, a JSON array) still pending at a counter
 ///    of one in a run not cancel-requested goes to zero;
-/// 2. the call notes the handoff whole when it is (`?7`), every named
-///    dependent moved (`changes()` of step 1), every named join is still
-///    pending (one a failure cancelled leaves this success for the pass,
-///    which may settle or roll back the run), the run is not
-///    cancel-requested and the success is not flagged already (a first
-///    claim's flag): only then is this success one no pass will count;
-/// 3. only then each named join (`?10`, a JSON array) still pending is
-///    lowered by one (docs/design/scheduler.md#joins), so a join is never
-///    counted both here and by a pass. Each key is looked up on its own
+/// 2. the success (`?2`) is flagged, and the flag comes back tagged 6,
+///    unless the handoff is whole: it says so (`?7`), every named
+///    dependent moved (`changes()` of step 1), no flag is up already (a
+///    first claim's), the run is not cancel-requested, and every named
+///    join is still pending (one a failure cancelled leaves this success
+///    for the pass, which may settle or roll back the run). Only then is
+///    this success one no pass will count; a condition that cannot be
+///    told true flags it;
+/// 3. only then, so while the success is still unflagged, each named join
+///    (`?10`, a JSON array) still pending is lowered by one
+///    (docs/design/scheduler.md#joins), so a join is never counted both
+///    here and by a pass. Each key is looked up on its own
 ///    (`uniq_taskrun_run_key`): with `task_key IN (json_each(…))` the
 ///    planner walks every row of the run instead, which made a 2 000-wide
 ///    fan-in's every finish cost 0.2 ms more;
 /// 4. every pending row of the run at zero takes the pass's promotion
-///    (events, outbox rows, ready);
-/// 5. the success (`?2`) is flagged unless the handoff was whole, and the
-///    flag comes back tagged 6.
+///    (events, outbox rows, ready).
+///
+/// Steps 1 and 3 each begin with a test of their list's length, which
+/// SQLite makes before it opens a cursor: a success without dependents of
+/// one kind (a fan-in's middle task has only its join, a chain's hop no
+/// join) pays almost nothing for that step.
 ///
 /// The outbox rows are returned, tagged 4
 /// (docs/design/outbox-and-queues.md#publish-after-commit): with a hold
@@ -233,7 +239,7 @@ macro_rules! hand_off {
     () => {
         concat!(
             "UPDATE task_run SET pending_deps = 0 \
-             WHERE run_id = ",
+             WHERE json_array_length(?6) > 0 AND run_id = ",
             handing_run!(),
             " AND task_key IN (SELECT value FROM json_each(?6)) \
              AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'pending' \
@@ -241,17 +247,18 @@ macro_rules! hand_off {
              AND (SELECT cancel_requested_at FROM workflow_run WHERE id = ",
             handing_run!(),
             ") IS NULL; \
-             UPDATE temp.handing_off SET whole = 1 WHERE ?7 AND changes() = json_array_length(?6) \
-             AND (SELECT cancel_requested_at FROM workflow_run WHERE id = run_id) IS NULL \
-             AND (SELECT needs_pass FROM task_run WHERE id = ?2) = 0 \
-             AND NOT EXISTS (SELECT 1 FROM json_each(?10) AS j WHERE (SELECT t.state FROM task_run t \
-                 WHERE t.run_id = handing_off.run_id AND t.task_key = j.value) IS NOT 'pending'); \
+             UPDATE task_run SET needs_pass = 1 WHERE id = ?2 AND EXISTS (SELECT 1 FROM temp.handing_off) \
+             AND (?7 AND changes() = json_array_length(?6) AND needs_pass = 0 \
+                 AND (SELECT cancel_requested_at FROM workflow_run WHERE id = task_run.run_id) IS NULL \
+                 AND NOT EXISTS (SELECT 1 FROM json_each(?10) AS j WHERE (SELECT t.state FROM task_run t \
+                     WHERE t.run_id = task_run.run_id AND t.task_key = j.value) IS NOT 'pending')) IS NOT 1 \
+             RETURNING 6 AS tag; \
              UPDATE task_run SET pending_deps = pending_deps - 1 \
-             WHERE id IN (SELECT (SELECT t.id FROM task_run t WHERE t.run_id = ",
+             WHERE json_array_length(?10) > 0 AND id IN (SELECT (SELECT t.id FROM task_run t WHERE t.run_id = ",
             handing_run!(),
             " AND t.task_key = j.value) FROM json_each(?10) AS j) \
              AND state = 'pending' AND compensate_for IS NULL \
-             AND EXISTS (SELECT 1 FROM temp.handing_off WHERE whole); ",
+             AND (SELECT needs_pass FROM task_run WHERE id = ?2 AND EXISTS (SELECT 1 FROM temp.handing_off)) = 0; ",
             batch_events!(
                 "dependencies_satisfied",
                 "pending",
@@ -267,9 +274,7 @@ macro_rules! hand_off {
             ),
             "; ",
             promote_ready!(handing_run!()),
-            "; UPDATE task_run SET needs_pass = 1 WHERE id = ?2 AND EXISTS (SELECT 1 FROM temp.handing_off) \
-             AND NOT EXISTS (SELECT 1 FROM temp.handing_off WHERE whole) RETURNING 6 AS tag; \
-             SELECT 5 AS tag, EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND sweep_after IS NULL) \
+            "; SELECT 5 AS tag, EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND sweep_after IS NULL) \
              WHERE ?8 IS NOT NULL AND EXISTS (SELECT 1 FROM temp.handing_off)"
         )
     };

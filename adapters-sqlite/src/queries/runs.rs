@@ -93,17 +93,15 @@ pub(crate) const FINISH_SUCCEEDED: &str = concat!(finish_succeeded!("1"), "; COM
 
 /// The writer connection's own table for [`FINISH_HANDING_OFF`]: the run
 /// of the success the call recorded, so that its later statements act
-/// only on a recorded success, and whether the handoff was whole (a
-/// temporary table lives and dies with its connection, and is rolled back
-/// with the call's transaction).
-pub(crate) const CREATE_HANDING_OFF: &str =
-    "CREATE TEMP TABLE IF NOT EXISTS handing_off (run_id TEXT NOT NULL, whole INTEGER NOT NULL DEFAULT 0)";
+/// only on a recorded success (a temporary table lives and dies with its
+/// connection, and is rolled back with the call's transaction).
+pub(crate) const CREATE_HANDING_OFF: &str = "CREATE TEMP TABLE IF NOT EXISTS handing_off (run_id TEXT NOT NULL)";
 
 /// finish_and_hand_off, its transaction left open
 /// (docs/design/scheduler.md#handoff): the success, then, only when it was
 /// recorded, [`hand_off!`]'s promotion of the dependents it alone held
 /// back and lowering of its joins. The flag is left as it was (a first
-/// claim's stays): the promotion sets it unless the handoff was whole. A
+/// claim's stays): the handoff sets it unless it was whole. A
 /// stale finish keeps its audit and promotes nothing. `?2` id, `?3`
 /// token, `?4` worker, `?5` output, `?6` the dependents (a JSON array),
 /// `?7` whole, `?8` the hold in milliseconds or NULL, `?9` whether the
