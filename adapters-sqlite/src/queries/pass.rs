@@ -228,7 +228,7 @@ macro_rules! handing_run {
 /// Steps 1 and 3 each begin with a test of their list's length, which
 /// SQLite makes before it opens a cursor: a success without dependents of
 /// one kind (a fan-in's middle task has only its join, a chain's hop no
-/// join) pays almost nothing for that step.
+/// join) skips that step's cursors and index walk.
 ///
 /// The outbox rows are returned, tagged 4
 /// (docs/design/outbox-and-queues.md#publish-after-commit): with a hold
