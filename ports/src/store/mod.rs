@@ -755,8 +755,7 @@ pub trait Store:
 }
 
 /// [`RunStore::finish_and_claim`] as two calls, one after the other: its
-/// default, and what a store that runs some outcomes in one call runs for
-/// the others.
+/// default, for a store with no one-call form.
 pub async fn finish_then_claim<S: RunStore + ?Sized>(
     store: &S,
     finish: FinishCall<'_>,
