@@ -9,9 +9,9 @@
 //!
 //! * `dist_fanout1000`: issue 15's workload, a 1 → 1 000 → 1 fan-out/fan-in
 //!   (1 002 tasks), first when no scenario is named, on processes that
-//!   have run nothing else but the warm-up: tasks/s, with the CPU each part spent per task (our
-//!   processes, the PostgreSQL backends grouped by the process they
-//!   serve, the broker) from `/proc`.
+//!   have run nothing else but the warm-up: tasks/s, with the CPU each
+//!   part spent per task (our processes, the PostgreSQL backends grouped
+//!   by the process they serve, the broker) from `/proc`.
 //! * `dist_fanout`: a 9 998-wide fan-out/fan-in (10 000 tasks), the same
 //!   figures.
 //! * `dist_chain`: a 1 000-deep chain; per-hop latency p50/p99 from the
@@ -162,21 +162,21 @@ async fn bench_fanout<N: Notifier>(
     let wf = publish(&b.store, &fanout(width)).await;
     let probe = CpuProbe::start(db, procs);
     let (wall, summary) = b.run_one(wf, Duration::from_secs(900), procs).await;
-    let tasks = (width + 2) as f64;
-    let (cpu, cpu_text) = probe.per_task(db, tasks);
+    // The fan-out's tasks, the first and the join.
+    let tasks = width + 2;
+    let (cpu, cpu_text) = probe.per_task(db, tasks as f64);
     procs.check_alive();
     json!({
         "scenario": scenario,
-        "tasks": width + 2,
+        "tasks": tasks,
         "wall_s": round(wall.as_secs_f64(), 3),
         "store_s": round(store_span(&summary), 3),
-        "tasks_per_s": round(tasks / wall.as_secs_f64(), 1),
+        "tasks_per_s": round(tasks as f64 / wall.as_secs_f64(), 1),
         "cpu_ms_per_task": cpu,
         "notes": format!(
-            "A 1 → {width} → 1 fan-out/fan-in of noop tasks ({} tasks) through the separate scheduler, publisher \
+            "A 1 → {width} → 1 fan-out/fan-in of noop tasks ({tasks} tasks) through the separate scheduler, publisher \
              and two worker processes ({} slots in all, prefetch 1 each); wall time from start_run to the wait \
              returning (store_s: the run's created_at to finished_at). {cpu_text}.",
-            width + 2,
             procs.slots
         ),
     })

@@ -756,7 +756,7 @@ pub trait Store:
 
 /// [`RunStore::finish_and_claim`] as two calls, one after the other: its
 /// default, for a store with no one-call form.
-pub async fn finish_then_claim<S: RunStore + ?Sized>(
+pub(crate) async fn finish_then_claim<S: RunStore + ?Sized>(
     store: &S,
     finish: FinishCall<'_>,
     next: NextClaim,
