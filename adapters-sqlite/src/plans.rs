@@ -1,8 +1,9 @@
 //! Every hot statement is served by the index named for it
 //! (docs/design/data-model.md#indexes: a scheduler pass costs in proportion to
 //! active work, never to history). SQLite picks a partial index only when a
-//! query restates its condition, so an innocent edit can silently turn an index
-//! search into a scan.
+//! query's WHERE implies its condition (names one state of an OR, or restates
+//! the condition word for word), so an innocent edit can silently turn an
+//! index search into a scan.
 
 use std::sync::Arc;
 
@@ -191,5 +192,38 @@ fn assert_walks_no_history(name: &str, statement: &str, plan: &str) {
                 .any(|index| line.contains(&format!("INDEX {index}"))),
             "{name} walks {table} ({line}):\n{statement}\n{plan}"
         );
+    }
+}
+
+/// How many temporary b-trees `sql` opens (docs/design/data-model.md#constraints-without-lookup-tables).
+async fn ephemeral_tables(store: &SqliteStore, sql: &str) -> usize {
+    use sqlx::Row as _;
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")));
+    for _ in 0..8 {
+        query = query.bind(None::<i64>);
+    }
+    let mut reader = store.inner.read().await.expect("a reader");
+    let program = query.fetch_all(reader.raw().expect("open")).await.expect("a program");
+    program
+        .iter()
+        .filter(|op| op.get::<String, _>("opcode") == "OpenEphemeral")
+        .count()
+}
+
+/// Every task transition writes its row's state and an event. The CHECK
+/// constraints and `taskrun_active_idx`'s condition those writes evaluate
+/// open no temporary b-tree, as `IN` lists of constants would.
+#[tokio::test]
+async fn a_task_transition_checks_its_row_without_temporary_tables() {
+    let store = SqliteStore::connect("sqlite::memory:", Arc::new(SystemClock))
+        .await
+        .expect("connect");
+    for sql in [
+        "UPDATE task_run SET state = ?2, pending_deps = ?3, finished_at = ?4, lease_owner = ?5, \
+         lease_expires_at = ?6 WHERE id = ?7",
+        "INSERT INTO task_run_event (id, task_run_id, run_id, task_key, transition, from_state, to_state, \
+         attempt, fencing_token, worker, at, error) VALUES (?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, 1, NULL, 0, NULL)",
+    ] {
+        assert_eq!(ephemeral_tables(&store, sql).await, 0, "{sql}");
     }
 }

@@ -15,6 +15,18 @@ macro_rules! now {
     };
 }
 
+/// `taskrun_active_idx`'s condition, word for word, for a query that asks
+/// for more than one of its states: SQLite uses a partial index for such a
+/// query only when it restates the index's condition. One that names a
+/// single state (`state = 'pending'`) needs nothing more, since the
+/// condition is an OR of equalities (migration 20261210000001), which
+/// also spares every statement the temporary b-tree an `IN` list opens.
+macro_rules! active_states {
+    () => {
+        "(state = 'pending' OR state = 'ready' OR state = 'running' OR state = 'retrying')"
+    };
+}
+
 /// The due waits of run `$run` (docs/design/concurrency.md#gates): its own
 /// gates, and a task's once only its gate holds it back (pending with one
 /// dependency left, and the run past its own gates).

@@ -27,12 +27,13 @@ pub(crate) const MARK_PUBLISHED: &str = concat!(
 /// rearm_lost_dispatches: unpublishes the rows of `?2`'s runs (NULL: every
 /// run) published at least `?3` milliseconds ago whose task run is still
 /// ready at the row's token, found from the ready task runs
-/// (`taskrun_ready_idx`, then the outbox's unique (task run, token) index)
+/// (`taskrun_ready_idx`, named as for `READY_OF_TYPES`, then the outbox's
+/// unique (task run, token) index)
 /// rather than by scanning published rows.
 pub(crate) const REARM_LOST: &str = concat!(
     "UPDATE outbox SET published_at = NULL \
      WHERE (task_run_id, fencing_token) IN ( \
-         SELECT id, fencing_token FROM task_run \
+         SELECT id, fencing_token FROM task_run INDEXED BY taskrun_ready_idx \
          WHERE state = 'ready' AND (?2 IS NULL OR run_id IN (SELECT value FROM json_each(?2)))) \
        AND published_at <= ",
     now!(),

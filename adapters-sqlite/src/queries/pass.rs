@@ -17,18 +17,20 @@ macro_rules! take_run_flag {
     };
 }
 
-/// activity: is a forward row still active (`taskrun_active_idx`), has any
-/// row started (looked up only while the run is pending; a running run
-/// has), and is any row retrying (`taskrun_active_idx`).
+/// activity: is a forward row still active (`taskrun_active_idx`, whose
+/// condition the query restates word for word to use it), has any row
+/// started (looked up only while the run is pending; a running run has),
+/// and is any row retrying (`taskrun_active_idx`).
 macro_rules! activity {
     () => {
-        "SELECT 9 AS tag, \
-         EXISTS (SELECT 1 FROM task_run WHERE run_id = ?2 \
-                 AND state IN ('pending', 'ready', 'running', 'retrying') AND compensate_for IS NULL), \
-         CASE WHEN (SELECT state FROM workflow_run WHERE id = ?2) <> 'pending' THEN 1 \
-              ELSE EXISTS (SELECT 1 FROM task_run WHERE run_id = ?2 AND started_at IS NOT NULL) END, \
-         EXISTS (SELECT 1 FROM task_run WHERE run_id = ?2 \
-                 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'retrying')"
+        concat!(
+            "SELECT 9 AS tag, EXISTS (SELECT 1 FROM task_run WHERE run_id = ?2 AND ",
+            active_states!(),
+            " AND compensate_for IS NULL), \
+             CASE WHEN (SELECT state FROM workflow_run WHERE id = ?2) <> 'pending' THEN 1 \
+                  ELSE EXISTS (SELECT 1 FROM task_run WHERE run_id = ?2 AND started_at IS NOT NULL) END, \
+             EXISTS (SELECT 1 FROM task_run WHERE run_id = ?2 AND state = 'retrying')"
+        )
     };
 }
 
@@ -46,10 +48,8 @@ macro_rules! lower_pending {
 }
 
 /// The pending forward rows at zero (`taskrun_active_idx`, which carries
-/// `pending_deps`, so only those rows are visited). `state IN (…)` repeats
-/// the index's WHERE: SQLite uses a partial index only when the query
-/// states its condition literally, and without it a pass would walk every
-/// row of the run, finished or not.
+/// `pending_deps`, so only those rows are visited, never the run's
+/// finished ones).
 /// `$run` is the run (`?2` unless named).
 macro_rules! promotable {
     () => {
@@ -59,7 +59,7 @@ macro_rules! promotable {
         concat!(
             "run_id = ",
             $run,
-            " AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'pending' \
+            " AND state = 'pending' \
              AND pending_deps = 0 AND compensate_for IS NULL"
         )
     };
@@ -71,8 +71,7 @@ macro_rules! promotable {
 /// anyway). Invisible outside the transaction.
 macro_rules! due_marked {
     () => {
-        "run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'retrying' \
-         AND retry_at = -1"
+        "run_id = ?2 AND state = 'retrying' AND retry_at = -1"
     };
 }
 
@@ -242,8 +241,7 @@ macro_rules! hand_off {
              WHERE json_array_length(?6) > 0 AND run_id = ",
             handing_run!(),
             " AND task_key IN (SELECT value FROM json_each(?6)) \
-             AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'pending' \
-             AND pending_deps = 1 AND compensate_for IS NULL \
+             AND state = 'pending' AND pending_deps = 1 AND compensate_for IS NULL \
              AND (SELECT cancel_requested_at FROM workflow_run WHERE id = ",
             handing_run!(),
             ") IS NULL; \
@@ -286,7 +284,7 @@ macro_rules! mark_due {
     () => {
         concat!(
             "UPDATE task_run SET retry_at = -1 \
-             WHERE run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') AND state = 'retrying' \
+             WHERE run_id = ?2 AND state = 'retrying' \
              AND retry_at <= ",
             now!()
         )
@@ -475,10 +473,15 @@ SELECT 1 AS tag, task_key, state, result FROM task_run
 WHERE run_id = ?2 AND compensate_for IS NULL AND task_key IN (SELECT value FROM json_each(?3))
 ORDER BY id";
 
+/// The run's waiting forward rows: active (`taskrun_active_idx`) and not
+/// running.
 macro_rules! waiting {
     () => {
-        "run_id = ?2 AND state IN ('pending', 'ready', 'running', 'retrying') \
-         AND state IN ('pending', 'ready', 'retrying') AND compensate_for IS NULL"
+        concat!(
+            "run_id = ?2 AND ",
+            active_states!(),
+            " AND state <> 'running' AND compensate_for IS NULL"
+        )
     };
 }
 

@@ -220,9 +220,12 @@ pub(crate) const REPORT_PROGRESS: &str = concat!(
 /// array), at most `?2`, in the sweep's dispatch order — the readiness
 /// (the outbox row at the token the row is ready at) minus priority ×
 /// `?3` milliseconds of aging, then the readiness — with the token each is
-/// ready at; each is then claimed by [`CLAIM_CALL`] at that token.
+/// ready at; each is then claimed by [`CLAIM_CALL`] at that token. The
+/// ready rows come from `taskrun_ready_idx`, named: `taskrun_active_idx`
+/// holds them too, among every other active row, and SQLite, which keeps
+/// no statistics here, may walk that one instead.
 pub(crate) const READY_OF_TYPES: &str = concat!(
-    "SELECT tr.id, tr.fencing_token FROM task_run tr \
+    "SELECT tr.id, tr.fencing_token FROM task_run tr INDEXED BY taskrun_ready_idx \
 JOIN workflow_run r ON r.id = tr.run_id \
 JOIN task t ON t.workflow_id = r.workflow_id AND t.key = COALESCE(tr.map_of, tr.task_key) \
 JOIN outbox ON outbox.task_run_id = tr.id AND outbox.fencing_token = tr.fencing_token \
@@ -340,7 +343,7 @@ macro_rules! start_writes {
              SELECT tr.id, tr.run_id, tr.task_key, t.task_type, tr.fencing_token, ",
             now!(),
             ", tr.priority FROM task_run tr JOIN task t ON t.workflow_id = ?3 AND t.key = tr.task_key \
-             WHERE tr.run_id = ?2 AND tr.state IN ('pending', 'ready', 'running', 'retrying') AND tr.state = 'ready' \
+             WHERE tr.run_id = ?2 AND tr.state = 'ready' \
              ORDER BY tr.id RETURNING task_run_id; "
         )
     };
@@ -630,10 +633,10 @@ pub(crate) const RUN_SUMMARY: &str = concat!(
 );
 
 /// gauges: each count from the partial index of live rows that holds it
-/// (the active, lease, unpublished and active-run indexes; SQLite uses a
-/// partial index only when the query restates its condition).
+/// (the ready, lease, unpublished and active-run indexes; the ready one
+/// named, as for [`READY_OF_TYPES`]).
 pub(crate) const GAUGES: &str = "SELECT \
-     (SELECT count(*) FROM task_run WHERE state IN ('pending', 'ready', 'running', 'retrying') AND state = 'ready'), \
+     (SELECT count(*) FROM task_run INDEXED BY taskrun_ready_idx WHERE state = 'ready'), \
      (SELECT count(*) FROM task_run WHERE state = 'running'), \
      (SELECT count(*) FROM outbox WHERE published_at IS NULL), \
      (SELECT count(*) FROM workflow_run WHERE state IN ('pending', 'running'))";

@@ -1044,20 +1044,111 @@ async fn the_rebuild_for_skipped_task_runs_keeps_every_row_and_reference() {
     assert_eq!(detail.tasks[0].output, Some(json!({"n": 1})));
     assert_eq!(detail.events.len(), 3, "{:?}", detail.events);
     let mut conn = raw(&path).await;
-    let dangling: Vec<(String, i64)> = sqlx::query_as("SELECT \"table\", rowid FROM pragma_foreign_key_check")
+    assert_rebuilt_cleanly(&mut conn).await;
+    conn.close().await.expect("close");
+    claim_and_finish(&store, 9).await;
+}
+
+/// The upgrade that rewrites the per-transition checks as ORs of
+/// equalities (docs/design/data-model.md#constraints-without-lookup-tables)
+/// keeps every row with its id, its mapped-task columns, events and
+/// dispatches; the checks still refuse what they refused, and the run
+/// goes on.
+#[tokio::test]
+async fn the_rebuild_for_checks_as_ors_keeps_every_row_and_still_refuses_bad_ones() {
+    let (_dir, path, mut conn) = database_before("20261210000001").await;
+    sqlx::raw_sql(
+        "INSERT INTO workflow VALUES (1, 'w', 1, '', printf('%064d', 0), '{}', 0);
+         INSERT INTO task (workflow_id, key, position, task_type, depends_on, max_attempts)
+         VALUES (1, 'a', 0, 'noop', '[]', 1);
+         INSERT INTO workflow_run (id, workflow_id, state, input, created_at, started_at)
+         VALUES ('00000000-0000-7000-8000-000000000001', 1, 'running', '{}', 0, 0);
+         INSERT INTO task_run (id, run_id, task_key, state, pending_deps, created_at, map_size)
+         VALUES (7, '00000000-0000-7000-8000-000000000001', 'a', 'pending', 2, 0, 2);
+         INSERT INTO task_run (id, run_id, task_key, state, pending_deps, created_at, started_at, finished_at, result,
+                               map_of, map_index, attempt, fencing_token)
+         VALUES (8, '00000000-0000-7000-8000-000000000001', 'a[0]', 'succeeded', 0, 0, 0, 1, '{\"n\": 0}', 'a', 0,
+                 1, 1);
+         INSERT INTO task_run (id, run_id, task_key, state, pending_deps, created_at, map_of, map_index)
+         VALUES (9, '00000000-0000-7000-8000-000000000001', 'a[1]', 'ready', 0, 0, 'a', 1);
+         INSERT INTO task_run_event (id, task_run_id, run_id, task_key, transition, from_state, to_state, attempt,
+                                     fencing_token, at)
+         VALUES (1, 8, '00000000-0000-7000-8000-000000000001', 'a[0]', 'claim', 'ready', 'running', 1, 1, 0),
+                (2, 8, '00000000-0000-7000-8000-000000000001', 'a[0]', 'succeed', 'running', 'succeeded', 1, 1, 1);
+         INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+         VALUES (9, '00000000-0000-7000-8000-000000000001', 'a[1]', 'noop', 0, 1);",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("a map half done");
+    conn.close().await.expect("close");
+
+    let store = open(&path).await;
+    let mut conn = raw(&path).await;
+    /// id, key, state, counter, and the mapped-task columns.
+    type Row = (i64, String, String, i64, Option<String>, Option<i64>, Option<i64>);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT id, task_key, state, pending_deps, map_of, map_index, map_size FROM task_run ORDER BY id",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .expect("rows");
+    assert_eq!(
+        rows,
+        [
+            (7, "a".into(), "pending".into(), 2, None, None, Some(2)),
+            (8, "a[0]".into(), "succeeded".into(), 0, Some("a".into()), Some(0), None),
+            (9, "a[1]".into(), "ready".into(), 0, Some("a".into()), Some(1), None),
+        ]
+    );
+    let events: Vec<(i64, String, i64)> = sqlx::query_as("SELECT id, transition, seq FROM task_run_event ORDER BY id")
         .fetch_all(&mut conn)
+        .await
+        .expect("events");
+    assert_eq!(events, [(1, "claim".into(), 1), (2, "succeed".into(), 2)]);
+    assert_rebuilt_cleanly(&mut conn).await;
+    for (bad, constraint) in [
+        ("UPDATE task_run SET state = 'done' WHERE id = 7", "taskrun_state_valid"),
+        (
+            "UPDATE task_run SET state = 'failed' WHERE id = 7",
+            "taskrun_finished_iff_finished_state",
+        ),
+        (
+            "INSERT INTO task_run_event (task_run_id, run_id, task_key, transition, from_state, to_state, attempt, \
+             fencing_token, at) VALUES (7, '00000000-0000-7000-8000-000000000001', 'a', 'finish', 'pending', \
+             'failed', 1, 0, 2)",
+            "taskrunevent_transition_valid",
+        ),
+    ] {
+        let error = sqlx::query(bad).execute(&mut conn).await.expect_err(bad).to_string();
+        assert!(error.contains(constraint), "{bad}: {error}");
+    }
+    conn.close().await.expect("close");
+
+    claim_and_finish(&store, 9).await;
+}
+
+/// A rebuilt file leaves no foreign key dangling and no half-built table
+/// behind.
+async fn assert_rebuilt_cleanly(conn: &mut SqliteConnection) {
+    let dangling: Vec<(String, i64)> = sqlx::query_as("SELECT \"table\", rowid FROM pragma_foreign_key_check")
+        .fetch_all(&mut *conn)
         .await
         .expect("foreign_key_check");
     assert!(dangling.is_empty(), "{dangling:?}");
     let left: Vec<String> = sqlx::query_scalar("SELECT name FROM sqlite_master WHERE name LIKE '%_next'")
-        .fetch_all(&mut conn)
+        .fetch_all(&mut *conn)
         .await
         .expect("tables");
     assert!(left.is_empty(), "{left:?}");
-    conn.close().await.expect("close");
+}
+
+/// The run goes on after an upgrade: task run `id`, ready at token 0, is
+/// claimed and its success recorded.
+async fn claim_and_finish(store: &SqliteStore, id: i64) {
     let claimed = store
         .claim_task_run(
-            flowforge_ports::TaskRunId(9),
+            flowforge_ports::TaskRunId(id),
             0,
             &WorkerId("w".into()),
             Duration::from_secs(300),
