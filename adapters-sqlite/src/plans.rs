@@ -26,6 +26,9 @@ async fn plan(store: &SqliteStore, sql: &'static str) -> String {
         .join("\n")
 }
 
+/// A task run found by its key (`uniq_taskrun_run_key`).
+const BY_KEY: &str = "USING INDEX sqlite_autoindex_task_run_1 (run_id=? AND task_key=?)";
+
 /// The ready task runs, then each one's outbox row at its token.
 const READY_TO_OUTBOX: [&str; 2] = [
     "taskrun_ready_idx",
@@ -37,7 +40,7 @@ async fn hot_statements_use_their_indexes() {
     let store = SqliteStore::connect("sqlite::memory:", Arc::new(SystemClock))
         .await
         .expect("connect");
-    let cases: [(&str, &'static str, &[&str]); 16] = [
+    let cases: [(&str, &'static str, &[&str]); 19] = [
         ("claim", crate::queries::CLAIM_UPDATE, &["INTEGER PRIMARY KEY"]),
         ("reaper", crate::queries::EXPIRED_LEASES, &["taskrun_lease_expiry_idx"]),
         (
@@ -81,6 +84,10 @@ async fn hot_statements_use_their_indexes() {
         ),
         ("sweep", crate::queries::SWEEP, &["outbox_pending_order_idx"]),
         ("activity", crate::queries::ACTIVITY, &["taskrun_active_idx"]),
+        // Looked up key by key, not by walking the run's pending rows.
+        ("pending_counts", crate::queries::PENDING_COUNTS, &[BY_KEY]),
+        ("pending_named", crate::queries::PENDING_NAMED, &[BY_KEY]),
+        ("hand_off_dependents", crate::queries::HAND_OFF_DEPENDENTS, &[BY_KEY]),
         (
             "run_events",
             crate::queries::RUN_EVENTS,

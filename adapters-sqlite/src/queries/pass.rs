@@ -200,6 +200,28 @@ macro_rules! handing_run {
     };
 }
 
+/// finish_and_hand_off's first step (see [`hand_off!`]): the named
+/// dependents (`?6`), each looked up by its key (`uniq_taskrun_run_key`;
+/// `+state` as in `pending_named!`, or a chain's hop would walk every
+/// pending row of the run at a counter of one).
+macro_rules! hand_off_dependents {
+    () => {
+        concat!(
+            "UPDATE task_run SET pending_deps = 0 \
+             WHERE json_array_length(?6) > 0 AND run_id = ",
+            handing_run!(),
+            " AND task_key IN (SELECT value FROM json_each(?6)) \
+             AND +state = 'pending' AND pending_deps = 1 AND compensate_for IS NULL \
+             AND (SELECT cancel_requested_at FROM workflow_run WHERE id = ",
+            handing_run!(),
+            ") IS NULL"
+        )
+    };
+}
+
+#[cfg(test)]
+pub(crate) const HAND_OFF_DEPENDENTS: &str = hand_off_dependents!();
+
 /// finish_and_hand_off's promotion, in the success's transaction
 /// (docs/design/scheduler.md#handoff), for the run [`handing_run!`] names,
 /// so none when the finish was stale:
@@ -237,15 +259,8 @@ macro_rules! handing_run {
 macro_rules! hand_off {
     () => {
         concat!(
-            "UPDATE task_run SET pending_deps = 0 \
-             WHERE json_array_length(?6) > 0 AND run_id = ",
-            handing_run!(),
-            " AND task_key IN (SELECT value FROM json_each(?6)) \
-             AND state = 'pending' AND pending_deps = 1 AND compensate_for IS NULL \
-             AND (SELECT cancel_requested_at FROM workflow_run WHERE id = ",
-            handing_run!(),
-            ") IS NULL; \
-             UPDATE task_run SET needs_pass = 1 WHERE id = ?2 AND EXISTS (SELECT 1 FROM temp.handing_off) \
+            hand_off_dependents!(),
+            "; UPDATE task_run SET needs_pass = 1 WHERE id = ?2 AND EXISTS (SELECT 1 FROM temp.handing_off) \
              AND (?7 AND changes() = json_array_length(?6) AND needs_pass = 0 \
                  AND (SELECT cancel_requested_at FROM workflow_run WHERE id = task_run.run_id) IS NULL \
                  AND NOT EXISTS (SELECT 1 FROM json_each(?10) AS j WHERE (SELECT t.state FROM task_run t \
@@ -307,11 +322,18 @@ pub(crate) const PROMOTE_DUE_CALL: &str = concat!(
     activity!()
 );
 
+/// The named rows (`?3`) of the run still pending, each looked up by its
+/// key (`uniq_taskrun_run_key`). The `+` keeps `state` out of the index
+/// search: `taskrun_active_idx` would qualify and walk every pending row
+/// of the run instead.
 macro_rules! pending_named {
     () => {
-        "run_id = ?2 AND state = 'pending' AND task_key IN (SELECT value FROM json_each(?3))"
+        "run_id = ?2 AND +state = 'pending' AND task_key IN (SELECT value FROM json_each(?3))"
     };
 }
+
+#[cfg(test)]
+pub(crate) const PENDING_NAMED: &str = concat!("SELECT id FROM task_run WHERE ", pending_named!());
 
 /// A move of the named rows still pending by `$edge` to `$to`, with
 /// `$set` (the reason `?4`, and whatever else the edge sets) and its
@@ -457,11 +479,11 @@ pub(crate) const COLLECT_MAP: &str = concat!(
 );
 
 /// pending_counts: the pending forward rows of run `?1` among the keys
-/// `?2` (`uniq_taskrun_run_key`), with their counters, but for mapped
-/// tasks already expanded.
+/// `?2` (`uniq_taskrun_run_key`, with `+state` as in `pending_named!`),
+/// with their counters, but for mapped tasks already expanded.
 pub(crate) const PENDING_COUNTS: &str = "\
 SELECT task_key, pending_deps FROM task_run
-WHERE run_id = ?1 AND state = 'pending' AND compensate_for IS NULL AND map_size IS NULL
+WHERE run_id = ?1 AND +state = 'pending' AND compensate_for IS NULL AND map_size IS NULL
   AND task_key IN (SELECT value FROM json_each(?2))
 ORDER BY id";
 
