@@ -1107,6 +1107,21 @@ async fn the_rebuild_for_checks_as_ors_keeps_every_row_and_still_refuses_bad_one
         .expect("events");
     assert_eq!(events, [(1, "claim".into(), 1), (2, "succeed".into(), 2)]);
     assert_rebuilt_cleanly(&mut conn).await;
+    // The upgraded file's checks are the ORs: a state update opens no
+    // temporary table (the IN lists it had opened four).
+    let mut update = sqlx::query(
+        "EXPLAIN UPDATE task_run SET state = ?1, finished_at = ?2, lease_owner = ?3, lease_expires_at = ?4, \
+         pending_deps = ?5 WHERE id = ?6",
+    );
+    for _ in 0..6 {
+        update = update.bind(None::<i64>);
+    }
+    let program = update.fetch_all(&mut conn).await.expect("a program");
+    let temporary = program
+        .iter()
+        .filter(|op| sqlx::Row::get::<String, _>(*op, "opcode") == "OpenEphemeral")
+        .count();
+    assert_eq!(temporary, 0, "the checks are still IN lists");
     for (bad, constraint) in [
         ("UPDATE task_run SET state = 'done' WHERE id = 7", "taskrun_state_valid"),
         (
