@@ -208,12 +208,11 @@ async fn a_stopping_slot_hands_back_the_delivery_it_took_unclaimed() {
     ]}))
     .await;
     let [a, b] = [&tasks[0], &tasks[1]];
-    let (a_token, b_token) = (a.token, b.token);
     let queue = InprocQueue::new();
     let published = queue
         .publish(&[
-            dispatch(1, run, a, "here", a_token),
-            dispatch(2, run, b, "elsewhere", b_token + 1),
+            dispatch(1, run, a, "here", a.token),
+            dispatch(2, run, b, "elsewhere", b.token + 1),
         ])
         .await;
     assert!(published.into_iter().all(|r| r.is_ok()));
@@ -251,8 +250,8 @@ async fn a_stopping_slot_hands_back_the_delivery_it_took_unclaimed() {
     assert_eq!(
         states,
         [
-            ("a".to_owned(), TaskRunState::Succeeded, a_token + 1),
-            ("b".to_owned(), TaskRunState::Ready, b_token)
+            ("a".to_owned(), TaskRunState::Succeeded, a.token + 1),
+            ("b".to_owned(), TaskRunState::Ready, b.token)
         ]
     );
 }
