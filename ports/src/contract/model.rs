@@ -140,7 +140,8 @@ fn plans() -> impl Strategy<Value = Plan> {
 /// the model, and after every operation the store's task runs match the
 /// model's and keep the invariants: a lease iff running, a token that only
 /// grows (bumped exactly when the model says), at most one live attempt,
-/// and a terminal task run or run never changes again.
+/// and a terminal task run or run never changes again; at the end, the
+/// run's history is numbered 1..n.
 pub async fn random_operation_sequences_match_the_model<F: StoreFactory>(factory: &F) {
     let config = Config {
         cases: std::env::var("PROPTEST_CASES")
@@ -200,6 +201,11 @@ async fn check<F: StoreFactory>(factory: &F, plan: &Plan) -> Result<(), TestCase
             .await
             .map_err(|e| TestCaseError::fail(format!("after step {step} ({op:?}): {e}")))?;
     }
+    // Whatever wrote them (claims, finishes, stale audits, reaps, passes),
+    // the run's events are numbered 1..n in history order, without a gap.
+    let seqs: Vec<u64> = events(&s, run).await.iter().map(|e| e.seq).collect();
+    let numbered: Vec<u64> = (1..).take(seqs.len()).collect();
+    prop_assert_eq!(seqs, numbered);
     Ok(())
 }
 
