@@ -228,9 +228,37 @@ async fn a_task_transition_checks_its_row_without_temporary_tables() {
     for sql in [
         "UPDATE task_run SET state = ?2, pending_deps = ?3, finished_at = ?4, lease_owner = ?5, \
          lease_expires_at = ?6 WHERE id = ?7",
-        "INSERT INTO task_run_event (id, task_run_id, run_id, task_key, transition, from_state, to_state, \
-         attempt, fencing_token, worker, at, error) VALUES (?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, 1, NULL, 0, NULL)",
+        "INSERT INTO task_run_event (task_run_id, run_id, task_key, transition, from_state, to_state, \
+         attempt, fencing_token, worker, at, error, seq) VALUES (?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, NULL, 0, NULL, 1)",
+        "INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at, seq, generation) \
+         VALUES (?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     ] {
         assert_eq!(ephemeral_tables(&store, sql).await, 0, "{sql}");
     }
+}
+
+/// A claim or a finish numbers its events from `run_event_seq`
+/// (docs/design/data-model.md#event-numbers): none of the statements that
+/// write or count them reads `task_run_event` while writing it, which
+/// SQLite would run through a temporary table. A batch's numbering
+/// (`ROW_NUMBER()`, a handoff's promotions) takes one per statement,
+/// whatever its size, and is left out.
+#[tokio::test]
+async fn a_claim_or_finish_numbers_its_events_without_temporary_tables() {
+    let store = SqliteStore::connect("sqlite::memory:", Arc::new(SystemClock))
+        .await
+        .expect("connect");
+    let mut checked = 0;
+    for (name, call) in crate::queries::grouped_writes() {
+        for statement in call.split(';').map(str::trim) {
+            let writes_events = statement.starts_with("INSERT INTO task_run_event")
+                || statement.starts_with("INSERT INTO run_event_seq");
+            if writes_events && !statement.contains(" OVER (") {
+                assert_eq!(ephemeral_tables(&store, statement).await, 0, "{name}: {statement}");
+                checked += 1;
+            }
+        }
+    }
+    // At least each of the seven calls' event and its count.
+    assert!(checked >= 2 * 7, "only {checked} statements checked");
 }

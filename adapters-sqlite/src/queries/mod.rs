@@ -5,7 +5,9 @@
 //! Conventions: `?1` is the Clock port's offset in every statement that
 //! reads store time; a write is ONE call from `BEGIN IMMEDIATE` to `COMMIT`
 //! (see the crate docs), its transition's event written by the statement
-//! after the UPDATE (`changes() = 1`) or, for a batch, by an INSERT before it.
+//! after the UPDATE (`changes() = 1`) or, for a batch, by an INSERT before
+//! it, and counted in its run's history by the statement after that
+//! ([`events_written!`]).
 
 /// The store-time expression: SQLite's clock in milliseconds plus the
 /// Clock port's offset, bound as `?1` in every statement that uses it.
@@ -57,29 +59,59 @@ macro_rules! limit {
     };
 }
 
-/// The last id of the run's history: both event tables draw their ids from
-/// one sequence, so ordering the merged history by id is commit order.
-/// Millisecond store time cannot order it (a pass's run transition and the
-/// next task transition often share a millisecond), and since every write
-/// is serialised, max + 1 under the write lock is a safe next id.
-macro_rules! next_event_id {
+/// The columns of an event insert, in the order every event SELECT gives
+/// them. A statement numbers its events itself (docs/design/data-model.md#event-numbers):
+/// `seq` on from [`last_seq!`], `generation` from [`current_generation!`],
+/// and [`events_written!`] after it.
+macro_rules! event_insert {
     () => {
-        "(SELECT COALESCE(MAX(m), 0) FROM (SELECT MAX(id) AS m FROM task_run_event \
-         UNION ALL SELECT MAX(id) AS m FROM workflow_run_event))"
+        "INSERT INTO task_run_event (task_run_id, run_id, task_key, transition, from_state, to_state, \
+         attempt, fencing_token, worker, at, error, seq, generation) "
     };
 }
 
-/// The columns of an event insert, in the order every event SELECT gives them.
-macro_rules! event_insert {
-    () => {
-        "INSERT INTO task_run_event (id, task_run_id, run_id, task_key, transition, from_state, to_state, \
-         attempt, fencing_token, worker, at, error) "
+/// The last number of run `$run`'s history, 0 before its first event
+/// (`run_event_seq`, by its primary key).
+macro_rules! last_seq {
+    ($run:expr) => {
+        concat!(
+            "COALESCE((SELECT s.seq FROM run_event_seq AS s WHERE s.run_id = ",
+            $run,
+            "), 0)"
+        )
+    };
+}
+
+/// Run `$run`'s current generation, which its new events carry.
+macro_rules! current_generation {
+    ($run:expr) => {
+        concat!(
+            "COALESCE((SELECT s.generation FROM run_event_seq AS s WHERE s.run_id = ",
+            $run,
+            "), 1)"
+        )
+    };
+}
+
+/// After a statement that wrote run `$run`'s events numbered on from
+/// [`last_seq!`]: the run's count advances by the rows it wrote. It
+/// leaves `changes()` at 1 when that statement wrote any and 0 when none,
+/// so a later `changes() = 1` or `= 0` reads as it would have right after
+/// the events.
+macro_rules! events_written {
+    ($run:expr) => {
+        concat!(
+            "INSERT INTO run_event_seq (run_id, seq) SELECT ",
+            $run,
+            ", changes() WHERE changes() > 0 ON CONFLICT (run_id) DO UPDATE SET seq = seq + excluded.seq"
+        )
     };
 }
 
 /// The event of task run `?2` (or `$id`) after the statement before it
 /// changed that row (`changes() = 1`), with the row's attempt and token
-/// after the transition. `$worker` and `$error` are SQL expressions.
+/// after the transition, and its count. `$worker` and `$error` are SQL
+/// expressions.
 macro_rules! event_if_changed {
     ($transition:literal, $from:literal, $to:literal, $worker:literal, $error:literal) => {
         event_if_changed!($transition, $from, $to, $worker, $error, "?2")
@@ -87,9 +119,7 @@ macro_rules! event_if_changed {
     ($transition:literal, $from:literal, $to:literal, $worker:literal, $error:literal, $id:literal) => {
         concat!(
             event_insert!(),
-            "SELECT ",
-            next_event_id!(),
-            " + 1, id, run_id, task_key, '",
+            "SELECT id, run_id, task_key, '",
             $transition,
             "', '",
             $from,
@@ -101,32 +131,42 @@ macro_rules! event_if_changed {
             now!(),
             ", ",
             $error,
+            ", ",
+            last_seq!("task_run.run_id"),
+            " + 1, ",
+            current_generation!("task_run.run_id"),
             " FROM task_run WHERE id = ",
             $id,
-            " AND changes() = 1"
+            " AND changes() = 1; ",
+            events_written!(concat!("(SELECT run_id FROM task_run WHERE id = ", $id, ")"))
         )
     };
 }
 
 /// The audit event of a finish whose UPDATE matched nothing
 /// (docs/design/leases-and-fencing.md#stale-writes): placed after the
-/// transition's event insert, which then inserted nothing, so `changes() = 0`.
-/// Token presented `?3`, worker `?4`.
+/// transition's event, which then wrote nothing, so `changes() = 0`.
+/// Token presented `?3`, worker `?4`. The run's count advances first, in
+/// the statement that asks whether the row has room for another audit:
+/// an insert that read `task_run_event` itself would be run through a
+/// temporary table on every finish.
 macro_rules! stale_audit {
     ($label:literal) => {
         concat!(
+            "INSERT INTO run_event_seq (run_id, seq) SELECT run_id, 1 FROM task_run \
+             WHERE id = ?2 AND changes() = 0 \
+             AND (SELECT count(*) FROM task_run_event WHERE task_run_id = ?2 \
+             AND transition = 'stale_write_rejected') < ",
+            max_stale_audits!(),
+            " ON CONFLICT (run_id) DO UPDATE SET seq = seq + 1; ",
             event_insert!(),
-            "SELECT ",
-            next_event_id!(),
-            " + 1, id, run_id, task_key, 'stale_write_rejected', NULL, NULL, attempt, ?3, ?4, ",
+            "SELECT t.id, t.run_id, t.task_key, 'stale_write_rejected', NULL, NULL, t.attempt, ?3, ?4, ",
             now!(),
             ", 'rejected ",
             $label,
-            " with fencing token ' || ?3 || ': the row is ' || state || ' at token ' || fencing_token \
-             FROM task_run WHERE id = ?2 AND changes() = 0 \
-             AND (SELECT count(*) FROM task_run_event WHERE task_run_id = ?2 \
-             AND transition = 'stale_write_rejected') < ",
-            max_stale_audits!()
+            " with fencing token ' || ?3 || ': the row is ' || t.state || ' at token ' || t.fencing_token, \
+             s.seq, s.generation FROM task_run AS t JOIN run_event_seq AS s ON s.run_id = t.run_id \
+             WHERE t.id = ?2 AND changes() = 1"
         )
     };
 }

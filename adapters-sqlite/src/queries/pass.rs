@@ -75,15 +75,14 @@ macro_rules! due_marked {
     };
 }
 
-/// The events of a batch: rows of `task_run` matching `$where`, in id
-/// order, with their (unchanged) attempt and token.
+/// The events of a batch: rows of `task_run` matching `$where`, all of
+/// run `$run`, in id order, with their (unchanged) attempt and token, and
+/// their count.
 macro_rules! batch_events {
-    ($transition:literal, $from:literal, $to:literal, $where:expr) => {
+    ($transition:literal, $from:literal, $to:literal, $run:expr, $where:expr) => {
         concat!(
             event_insert!(),
-            "SELECT ",
-            next_event_id!(),
-            " + ROW_NUMBER() OVER (ORDER BY id), id, run_id, task_key, '",
+            "SELECT id, run_id, task_key, '",
             $transition,
             "', '",
             $from,
@@ -91,9 +90,14 @@ macro_rules! batch_events {
             $to,
             "', attempt, fencing_token, NULL, ",
             now!(),
-            ", NULL FROM task_run WHERE ",
+            ", NULL, ",
+            last_seq!($run),
+            " + ROW_NUMBER() OVER (ORDER BY id), ",
+            current_generation!($run),
+            " FROM task_run WHERE ",
             $where,
-            " ORDER BY id"
+            " ORDER BY id; ",
+            events_written!($run)
         )
     };
 }
@@ -182,7 +186,7 @@ pub(crate) const PROMOTE_READY: &str = promote_ready!();
 pub(crate) const SATISFY: &str = concat!(
     lower_pending!(),
     "; ",
-    batch_events!("dependencies_satisfied", "pending", "ready", promotable!()),
+    batch_events!("dependencies_satisfied", "pending", "ready", "?2", promotable!()),
     "; ",
     batch_dispatch!(promotable!()),
     "; ",
@@ -276,6 +280,7 @@ macro_rules! hand_off {
                 "dependencies_satisfied",
                 "pending",
                 "ready",
+                handing_run!(),
                 promotable!(handing_run!())
             ),
             "; ",
@@ -313,7 +318,7 @@ pub(crate) const PROMOTE_DUE: &str = mark_due!();
 pub(crate) const PROMOTE_DUE_CALL: &str = concat!(
     mark_due!(),
     "; ",
-    batch_events!("retry_ready", "retrying", "ready", due_marked!()),
+    batch_events!("retry_ready", "retrying", "ready", "?2", due_marked!()),
     "; ",
     batch_dispatch!(due_marked!()),
     "; UPDATE task_run SET state = 'ready', retry_at = NULL WHERE ",
@@ -341,7 +346,7 @@ pub(crate) const PENDING_NAMED: &str = concat!("SELECT id FROM task_run WHERE ",
 macro_rules! move_pending {
     ($edge:literal, $to:literal, $set:literal) => {
         concat!(
-            batch_events!($edge, "pending", $to, pending_named!()),
+            batch_events!($edge, "pending", $to, "?2", pending_named!()),
             "; UPDATE task_run SET state = '",
             $to,
             "', ",
@@ -369,12 +374,16 @@ pub(crate) const SKIP_PENDING: &str = move_pending!("skip", "skipped", "skip_rea
 /// flagged like [`SKIP_PENDING`].
 pub(crate) const FAIL_PENDING: &str = concat!(
     event_insert!(),
-    "SELECT ",
-    next_event_id!(),
-    " + 1, id, run_id, task_key, ?5, 'pending', 'failed', attempt, fencing_token, NULL, ",
+    "SELECT id, run_id, task_key, ?5, 'pending', 'failed', attempt, fencing_token, NULL, ",
     now!(),
-    ", ?4 FROM task_run WHERE ",
+    ", ?4, ",
+    last_seq!("?2"),
+    " + ROW_NUMBER() OVER (ORDER BY id), ",
+    current_generation!("?2"),
+    " FROM task_run WHERE ",
     pending_named!(),
+    " ORDER BY id; ",
+    events_written!("?2"),
     "; UPDATE task_run SET state = 'failed', error = ?4, needs_pass = 1, finished_at = ",
     now!(),
     " WHERE ",
@@ -459,12 +468,16 @@ macro_rules! collectable {
 /// array's size.
 pub(crate) const COLLECT_MAP: &str = concat!(
     event_insert!(),
-    "SELECT ",
-    next_event_id!(),
-    " + 1, id, run_id, task_key, 'collect', 'pending', 'succeeded', attempt, fencing_token, NULL, ",
+    "SELECT id, run_id, task_key, 'collect', 'pending', 'succeeded', attempt, fencing_token, NULL, ",
     now!(),
-    ", NULL FROM task_run WHERE ",
+    ", NULL, ",
+    last_seq!("?2"),
+    " + 1, ",
+    current_generation!("?2"),
+    " FROM task_run WHERE ",
     collectable!(),
+    "; ",
+    events_written!("?2"),
     "; UPDATE task_run SET state = 'succeeded', needs_pass = 1, finished_at = ",
     now!(),
     ", result = (SELECT json_group_array(json(c.result) ORDER BY c.map_index) FROM task_run c \
@@ -522,23 +535,26 @@ macro_rules! cancel_rows {
     };
 }
 
-/// A cancel for `$reason` of the waiting rows matching `$where`, in one
-/// call. Each source state has its own transition name; the events go by
-/// state (pending, ready, retrying), then id.
+/// A cancel for `$reason` of the waiting rows of run `?2` matching
+/// `$where`, in one call. Each source state has its own transition name;
+/// the events go by state (pending, ready, retrying), then id.
 macro_rules! cancel_call {
     ($where:expr, $reason:literal) => {
         concat!(
             event_insert!(),
-            "SELECT ",
-            next_event_id!(),
-            " + ROW_NUMBER() OVER (ORDER BY CASE state WHEN 'pending' THEN 0 WHEN 'ready' THEN 1 ELSE 2 END, id), \
-             id, run_id, task_key, \
+            "SELECT id, run_id, task_key, \
              CASE state WHEN 'pending' THEN 'cancel_pending' WHEN 'ready' THEN 'cancel_ready' \
              ELSE 'cancel_retrying' END, state, 'cancelled', attempt, fencing_token, NULL, ",
             now!(),
-            ", NULL FROM task_run WHERE ",
+            ", NULL, ",
+            last_seq!("?2"),
+            " + ROW_NUMBER() OVER (ORDER BY CASE state WHEN 'pending' THEN 0 WHEN 'ready' THEN 1 ELSE 2 END, id), ",
+            current_generation!("?2"),
+            " FROM task_run WHERE ",
             $where,
             " ORDER BY CASE state WHEN 'pending' THEN 0 WHEN 'ready' THEN 1 ELSE 2 END, id; ",
+            events_written!("?2"),
+            "; ",
             cancel_rows!($where, $reason),
             "; ",
             activity!()
@@ -604,12 +620,16 @@ macro_rules! stale_compensator {
 /// dispatch. `?3` key.
 pub(crate) const REARM_COMPENSATOR: &str = concat!(
     event_insert!(),
-    "SELECT ",
-    next_event_id!(),
-    " + 1, id, run_id, task_key, 'reset', state, 'ready', attempt + 1, fencing_token + 1, NULL, ",
+    "SELECT id, run_id, task_key, 'reset', state, 'ready', attempt + 1, fencing_token + 1, NULL, ",
     now!(),
-    ", NULL FROM ",
+    ", NULL, ",
+    last_seq!("?2"),
+    " + 1, ",
+    current_generation!("?2"),
+    " FROM ",
     stale_compensator!(),
+    "; ",
+    events_written!("?2"),
     "; UPDATE task_run SET state = 'ready', pending_deps = 0, \
      generation = (SELECT generation FROM workflow_run WHERE id = ?2), ",
     reset_set!(),
@@ -636,11 +656,16 @@ pub(crate) const TRANSITION_RUN: &str = concat!(
     now!(),
     " ELSE finished_at END \
      WHERE id = ?2 AND state = ?3 RETURNING 4 AS tag; \
-     INSERT INTO workflow_run_event (id, run_id, transition, from_state, to_state, at) SELECT ",
-    next_event_id!(),
-    " + 1, ?2, ?7, ?3, ?4, ",
+     INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at, seq, generation) \
+     SELECT ?2, ?7, ?3, ?4, ",
     now!(),
+    ", ",
+    last_seq!("?2"),
+    " + 1, ",
+    current_generation!("?2"),
     " WHERE changes() = 1; ",
+    events_written!("?2"),
+    "; ",
     activity!()
 );
 

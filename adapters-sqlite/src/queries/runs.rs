@@ -151,7 +151,7 @@ pub(crate) const FINISH_FAILED: &str = concat!(
 /// 1): the row never rests in failed, so a resting failed row means failed
 /// for good. The scheduler need not look: the retry's due time brings it
 /// back. Both events, in order: `fail` at the attempt that failed, then
-/// `schedule_retry` at the next one; the audit then sees `changes() = 2`.
+/// `schedule_retry` at the next one.
 /// `?5` the error, `?6` the delay in ms.
 pub(crate) const FINISH_RETRY: &str = concat!(
     "BEGIN IMMEDIATE; \
@@ -160,16 +160,20 @@ pub(crate) const FINISH_RETRY: &str = concat!(
     " + ?6, lease_owner = NULL, lease_expires_at = NULL, finished_at = NULL, error = ?5 \
      WHERE id = ?2 AND state = 'running' AND fencing_token = ?3 RETURNING id; ",
     event_insert!(),
-    "SELECT ",
-    next_event_id!(),
-    " + e.seq, id, run_id, task_key, e.transition, e.from_state, e.to_state, attempt - e.back, fencing_token, \
+    "SELECT id, run_id, task_key, e.transition, e.from_state, e.to_state, attempt - e.back, fencing_token, \
      e.worker, ",
     now!(),
-    ", e.error FROM task_run, (\
+    ", e.error, ",
+    last_seq!("task_run.run_id"),
+    " + e.seq, ",
+    current_generation!("task_run.run_id"),
+    " FROM task_run, (\
      SELECT 1 AS seq, 'fail' AS transition, 'running' AS from_state, 'failed' AS to_state, 1 AS back, \
      ?4 AS worker, ?5 AS error \
      UNION ALL SELECT 2, 'schedule_retry', 'failed', 'retrying', 0, ?4, NULL) AS e \
      WHERE task_run.id = ?2 AND changes() = 1 ORDER BY e.seq; ",
+    events_written!("(SELECT run_id FROM task_run WHERE id = ?2)"),
+    "; ",
     stale_audit!("fail"),
     "; COMMIT"
 );
@@ -255,11 +259,14 @@ macro_rules! generic_event {
     () => {
         concat!(
             event_insert!(),
-            "SELECT ",
-            next_event_id!(),
-            " + 1, id, run_id, task_key, ?4, ?3, ?5, attempt, fencing_token, NULL, ",
+            "SELECT id, run_id, task_key, ?4, ?3, ?5, attempt, fencing_token, NULL, ",
             now!(),
-            ", NULL FROM task_run WHERE id = ?2 AND changes() = 1"
+            ", NULL, ",
+            last_seq!("task_run.run_id"),
+            " + 1, ",
+            current_generation!("task_run.run_id"),
+            " FROM task_run WHERE id = ?2 AND changes() = 1; ",
+            events_written!("(SELECT run_id FROM task_run WHERE id = ?2)")
         )
     };
 }
@@ -436,17 +443,20 @@ macro_rules! reap_kind {
 
 /// reap_expired_leases in one call. The events and dispatches are written
 /// before the UPDATE, from the same rows, with the token and attempt the
-/// UPDATE gives them, in the order the rows were read. `?3` the final
-/// attempt's error.
+/// UPDATE gives them, in the order the rows were read, numbered run by
+/// run; then each of those runs' counts goes to its last event (a running
+/// row's run has one already: its claim's). `?3` the final attempt's error.
 pub(crate) const REAP: &str = concat!(
     "BEGIN IMMEDIATE; ",
     event_insert!(),
-    "SELECT ",
-    next_event_id!(),
-    " + ROW_NUMBER() OVER (ORDER BY m.pos, e.seq), m.id, m.run_id, m.task_key, e.transition, e.from_state, \
+    "SELECT m.id, m.run_id, m.task_key, e.transition, e.from_state, \
      e.to_state, m.attempt + e.bump, m.fencing_token + 1, CASE WHEN e.seq = 1 THEN m.lease_owner END, ",
     now!(),
-    ", e.error FROM (SELECT tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.lease_owner, ",
+    ", e.error, ",
+    last_seq!("m.run_id"),
+    " + ROW_NUMBER() OVER (PARTITION BY m.run_id ORDER BY m.pos, e.seq), ",
+    current_generation!("m.run_id"),
+    " FROM (SELECT tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.lease_owner, ",
     reap_kind!("tr"),
     " AS k, (SELECT j.key FROM json_each(?2) AS j WHERE j.value ->> 'i' = tr.id) AS pos \
      FROM task_run tr WHERE ",
@@ -458,6 +468,10 @@ pub(crate) const REAP: &str = concat!(
      UNION ALL SELECT 'r', 1, 'reap_lease', 'running', 'ready', 1, 'lease expired' \
      UNION ALL SELECT 'f', 1, 'reap_lease_final', 'running', 'failed', 0, ?3) AS e ON e.k = m.k \
      ORDER BY m.pos, e.seq; \
+     UPDATE run_event_seq SET seq = (SELECT MAX(e.seq) FROM task_run_event AS e WHERE e.run_id = run_event_seq.run_id) \
+     WHERE run_id IN (SELECT tr.run_id FROM task_run tr WHERE ",
+    reapable!("tr"),
+    "); \
      INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority) \
      SELECT m.id, m.run_id, m.task_key, m.task_type, m.fencing_token + 1, ",
     now!(),
@@ -676,24 +690,29 @@ macro_rules! reset_rows {
 /// reset. `?2` run.
 pub(crate) const RESET_TASKS: &str = concat!(
     "UPDATE run_event_seq SET generation = ?4 WHERE run_id = ?2; \
-     INSERT INTO workflow_run_event (id, run_id, transition, from_state, to_state, at) SELECT ",
-    next_event_id!(),
-    " + 1, ?2, 'resume', ?5, 'running', ",
+     INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at, seq, generation) \
+     SELECT ?2, 'resume', ?5, 'running', ",
     now!(),
+    ", ",
+    last_seq!("?2"),
+    " + 1, ?4; ",
+    events_written!("?2"),
     "; UPDATE task_run SET state = p.value ->> 't', pending_deps = p.value ->> 'd', generation = ?4, ",
     reset_set!(),
     " FROM json_each(?3) AS p \
      WHERE task_run.run_id = ?2 AND task_run.task_key = p.value ->> 'k' AND task_run.state = p.value ->> 'f' \
      AND task_run.compensate_for IS NULL; ",
     event_insert!(),
-    "SELECT ",
-    next_event_id!(),
-    " + ROW_NUMBER() OVER (ORDER BY tr.id), tr.id, tr.run_id, tr.task_key, 'reset', p.value ->> 'f', tr.state, \
+    "SELECT tr.id, tr.run_id, tr.task_key, 'reset', p.value ->> 'f', tr.state, \
      tr.attempt, tr.fencing_token, NULL, ",
     now!(),
-    ", NULL FROM ",
+    ", NULL, ",
+    last_seq!("?2"),
+    " + ROW_NUMBER() OVER (ORDER BY tr.id), ?4 FROM ",
     reset_rows!(),
-    " ORDER BY tr.id; \
+    " ORDER BY tr.id; ",
+    events_written!("?2"),
+    "; \
      INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority) \
      SELECT tr.id, tr.run_id, tr.task_key, ",
     task_type_of!("tr"),

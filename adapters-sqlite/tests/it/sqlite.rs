@@ -164,8 +164,8 @@ async fn the_schema_refuses_rows_that_break_an_invariant() {
     refused(
         exec(
             &mut conn,
-            "INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at) \
-             SELECT id, 'rewind', 'failed', 'running', 0 FROM workflow_run",
+            "INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at, seq) \
+             SELECT id, 'rewind', 'failed', 'running', 0, 1000 FROM workflow_run",
         )
         .await,
         "workflowrunevent_transition_valid",
@@ -206,8 +206,8 @@ async fn the_schema_refuses_rows_that_break_an_invariant() {
     refused(
         exec(
             &mut conn,
-            "INSERT INTO task_run_event (task_run_id, run_id, task_key, transition, attempt, fencing_token, at) \
-             SELECT id, run_id, task_key, 'claim', 1, 0, 0 FROM task_run WHERE task_key = 'a'",
+            "INSERT INTO task_run_event (task_run_id, run_id, task_key, transition, attempt, fencing_token, at, seq) \
+             SELECT id, run_id, task_key, 'claim', 1, 0, 0, 1000 FROM task_run WHERE task_key = 'a'",
         )
         .await,
         "taskrunevent_states_iff_transition",
@@ -1130,8 +1130,8 @@ async fn the_rebuild_for_checks_as_ors_keeps_every_row_and_still_refuses_bad_one
         ),
         (
             "INSERT INTO task_run_event (task_run_id, run_id, task_key, transition, from_state, to_state, attempt, \
-             fencing_token, at) VALUES (7, '00000000-0000-7000-8000-000000000001', 'a', 'finish', 'pending', \
-             'failed', 1, 0, 2)",
+             fencing_token, at, seq) VALUES (7, '00000000-0000-7000-8000-000000000001', 'a', 'finish', 'pending', \
+             'failed', 1, 0, 2, 3)",
             "taskrunevent_transition_valid",
         ),
     ] {
@@ -1141,6 +1141,106 @@ async fn the_rebuild_for_checks_as_ors_keeps_every_row_and_still_refuses_bad_one
     conn.close().await.expect("close");
 
     claim_and_finish(&store, 9).await;
+}
+
+/// The upgrade after which statements number their events
+/// (docs/design/data-model.md#event-numbers) keeps both event tables' rows
+/// with their ids, numbers and generations, drops the numbering triggers,
+/// refuses an event without its number, and the run's next events follow
+/// on from its last number.
+#[tokio::test]
+async fn the_rebuild_for_events_numbered_by_their_statements_keeps_the_history_and_goes_on() {
+    let (_dir, path, mut conn) = database_before("20261211000001").await;
+    sqlx::raw_sql(
+        "INSERT INTO workflow VALUES (1, 'w', 1, '', printf('%064d', 0), '{}', 0);
+         INSERT INTO task (workflow_id, key, position, task_type, depends_on, max_attempts)
+         VALUES (1, 'a', 0, 'noop', '[]', 1), (1, 'b', 1, 'noop', '[\"a\"]', 1);
+         INSERT INTO workflow_run (id, workflow_id, state, input, created_at, started_at, generation)
+         VALUES ('00000000-0000-7000-8000-000000000001', 1, 'running', '{}', 0, 0, 2);
+         INSERT INTO task_run (id, run_id, task_key, state, pending_deps, created_at, started_at, finished_at, result,
+                               attempt, fencing_token, generation)
+         VALUES (7, '00000000-0000-7000-8000-000000000001', 'a', 'succeeded', 0, 0, 0, 1, '{}', 1, 1, 1);
+         INSERT INTO task_run (id, run_id, task_key, state, pending_deps, created_at, generation)
+         VALUES (9, '00000000-0000-7000-8000-000000000001', 'b', 'ready', 0, 0, 2);
+         INSERT INTO workflow_run_event (id, run_id, transition, from_state, to_state, at)
+         VALUES (1, '00000000-0000-7000-8000-000000000001', 'start', 'pending', 'running', 0);
+         INSERT INTO task_run_event (id, task_run_id, run_id, task_key, transition, from_state, to_state, attempt,
+                                     fencing_token, at)
+         VALUES (2, 7, '00000000-0000-7000-8000-000000000001', 'a', 'claim', 'ready', 'running', 1, 1, 0),
+                (3, 7, '00000000-0000-7000-8000-000000000001', 'a', 'succeed', 'running', 'succeeded', 1, 1, 1);
+         UPDATE run_event_seq SET generation = 2;
+         INSERT INTO task_run_event (id, task_run_id, run_id, task_key, transition, from_state, to_state, attempt,
+                                     fencing_token, at)
+         VALUES (4, 9, '00000000-0000-7000-8000-000000000001', 'b', 'dependencies_satisfied', 'pending', 'ready',
+                 1, 0, 1);
+         INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at)
+         VALUES (9, '00000000-0000-7000-8000-000000000001', 'b', 'noop', 0, 1);",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("a run numbered by the triggers");
+    conn.close().await.expect("close");
+
+    let store = open(&path).await;
+    let mut conn = raw(&path).await;
+    let events: Vec<(i64, String, i64, i64)> =
+        sqlx::query_as("SELECT id, transition, seq, generation FROM task_run_event ORDER BY id")
+            .fetch_all(&mut conn)
+            .await
+            .expect("events");
+    assert_eq!(
+        events,
+        [
+            (2, "claim".into(), 2, 1),
+            (3, "succeed".into(), 3, 1),
+            (4, "dependencies_satisfied".into(), 4, 2)
+        ]
+    );
+    let run_events: Vec<(i64, String, i64)> =
+        sqlx::query_as("SELECT id, transition, seq FROM workflow_run_event ORDER BY id")
+            .fetch_all(&mut conn)
+            .await
+            .expect("run events");
+    assert_eq!(run_events, [(1, "start".into(), 1)]);
+    let triggers: Vec<String> = sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+        .fetch_all(&mut conn)
+        .await
+        .expect("triggers");
+    assert!(triggers.is_empty(), "{triggers:?}");
+    assert_rebuilt_cleanly(&mut conn).await;
+    for (bad, refusal) in [
+        (
+            "INSERT INTO task_run_event (task_run_id, run_id, task_key, transition, from_state, to_state, attempt, \
+             fencing_token, at) VALUES (9, '00000000-0000-7000-8000-000000000001', 'b', 'claim', 'ready', \
+             'running', 1, 1, 2)",
+            "NOT NULL constraint failed: task_run_event.seq",
+        ),
+        (
+            "INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at) \
+             VALUES ('00000000-0000-7000-8000-000000000001', 'succeed', 'running', 'succeeded', 2)",
+            "NOT NULL constraint failed: workflow_run_event.seq",
+        ),
+        (
+            "INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at, seq) \
+             VALUES ('00000000-0000-7000-8000-000000000001', 'finish', 'running', 'succeeded', 2, 9)",
+            "workflowrunevent_transition_valid",
+        ),
+    ] {
+        let error = sqlx::query(bad).execute(&mut conn).await.expect_err(bad).to_string();
+        assert!(error.contains(refusal), "{bad}: {error}");
+    }
+    conn.close().await.expect("close");
+
+    claim_and_finish(&store, 9).await;
+    let run: flowforge_ports::RunId = "00000000-0000-7000-8000-000000000001".parse().expect("a run id");
+    let next: Vec<(u64, String, u32)> = store
+        .run_events(run, 4, 10)
+        .await
+        .expect("run_events")
+        .into_iter()
+        .map(|e| (e.seq, e.transition, e.generation))
+        .collect();
+    assert_eq!(next, [(5, "claim".to_owned(), 2), (6, "succeed".to_owned(), 2)]);
 }
 
 /// A rebuilt file leaves no foreign key dangling and no half-built table
