@@ -3,12 +3,12 @@
 -- (docs/design/data-model.md#event-numbers). Until now an AFTER INSERT
 -- trigger gave each event row its number and generation: per row, an
 -- upsert of `run_event_seq` and an UPDATE that rewrote the row just
--- written (its `(run_id, seq)` index entry deleted and inserted again),
--- about two thirds of what writing an event cost. The statements now write
--- `seq` and `generation` with the row, from `run_event_seq`, and advance
--- it by the rows they wrote. Each table is rebuilt so that `seq` is NOT
--- NULL (an event without its number is refused, not written), and
--- `workflowrunevent_transition_valid` becomes an OR of equalities as
+-- written (its `(run_id, seq)` index entry deleted and inserted again).
+-- The statements now write `seq` and `generation` with the row, from
+-- `run_event_seq`, and advance it by the rows they wrote. Each table is
+-- rebuilt so that `seq` and `generation` are NOT NULL without a default
+-- (an event without its number or generation is refused, not written),
+-- and `workflowrunevent_transition_valid` becomes an OR of equalities as
 -- 20261210000001 made the other checks
 -- (docs/design/data-model.md#constraints-without-lookup-tables). Same
 -- columns, ids and indexes; in one transaction, written to run again to
@@ -33,7 +33,7 @@ CREATE TABLE task_run_event_next (
     at            INTEGER NOT NULL,
     error         TEXT,
     seq           INTEGER NOT NULL,
-    generation    INTEGER NOT NULL DEFAULT 1,
+    generation    INTEGER NOT NULL,
     CONSTRAINT taskrunevent_transition_valid CHECK (
         transition = 'dependencies_satisfied' OR transition = 'cancel_pending' OR transition = 'claim'
         OR transition = 'cancel_ready' OR transition = 'succeed' OR transition = 'fail'
@@ -65,7 +65,7 @@ CREATE TABLE workflow_run_event_next (
     to_state   TEXT NOT NULL,
     at         INTEGER NOT NULL,
     seq        INTEGER NOT NULL,
-    generation INTEGER NOT NULL DEFAULT 1,
+    generation INTEGER NOT NULL,
     CONSTRAINT workflowrunevent_transition_valid CHECK (
         transition = 'start' OR transition = 'cancel_before_start' OR transition = 'succeed'
         OR transition = 'fail' OR transition = 'cancel' OR transition = 'resume')

@@ -7,7 +7,8 @@
 //! (see the crate docs), its transition's event written by the statement
 //! after the UPDATE (`changes() = 1`) or, for a batch, by an INSERT before
 //! it, and counted in its run's history by the statement after that
-//! ([`events_written!`]).
+//! ([`events_written!`]; the stale audit counts first, the reaper by
+//! each run's last event).
 
 /// The store-time expression: SQLite's clock in milliseconds plus the
 /// Clock port's offset, bound as `?1` in every statement that uses it.
@@ -60,9 +61,11 @@ macro_rules! limit {
 }
 
 /// The columns of an event insert, in the order every event SELECT gives
-/// them. A statement numbers its events itself (docs/design/data-model.md#event-numbers):
-/// `seq` on from [`last_seq!`], `generation` from [`current_generation!`],
-/// and [`events_written!`] after it.
+/// them. A statement numbers its events itself
+/// (docs/design/data-model.md#event-numbers): `seq` on from
+/// [`last_seq!`], `generation` from [`current_generation!`], and
+/// [`events_written!`] after it (the stale audit and the reaper count
+/// theirs their own way).
 macro_rules! event_insert {
     () => {
         "INSERT INTO task_run_event (task_run_id, run_id, task_key, transition, from_state, to_state, \
@@ -93,17 +96,20 @@ macro_rules! current_generation {
     };
 }
 
-/// After a statement that wrote run `$run`'s events numbered on from
-/// [`last_seq!`]: the run's count advances by the rows it wrote. It
-/// leaves `changes()` at 1 when that statement wrote any and 0 when none,
-/// so a later `changes() = 1` or `= 0` reads as it would have right after
-/// the events.
+/// After a statement that wrote events to `$table`, numbered on from
+/// [`last_seq!`] and all of one run: that run's count advances by the
+/// rows it wrote. The run is read from the last row written
+/// (`last_insert_rowid()`), so the statement binds nothing. It leaves
+/// `changes()` at 1 when that statement wrote any and at 0 when none, so
+/// a later test of `changes() = 1` or `changes() = 0` answers as it would
+/// have right after the events.
 macro_rules! events_written {
-    ($run:expr) => {
+    ($table:literal) => {
         concat!(
-            "INSERT INTO run_event_seq (run_id, seq) SELECT ",
-            $run,
-            ", changes() WHERE changes() > 0 ON CONFLICT (run_id) DO UPDATE SET seq = seq + excluded.seq"
+            "INSERT INTO run_event_seq (run_id, seq) SELECT e.run_id, changes() FROM ",
+            $table,
+            " AS e WHERE e.id = last_insert_rowid() AND changes() > 0 \
+             ON CONFLICT (run_id) DO UPDATE SET seq = seq + excluded.seq"
         )
     };
 }
@@ -138,7 +144,7 @@ macro_rules! event_if_changed {
             " FROM task_run WHERE id = ",
             $id,
             " AND changes() = 1; ",
-            events_written!(concat!("(SELECT run_id FROM task_run WHERE id = ", $id, ")"))
+            events_written!("task_run_event")
         )
     };
 }

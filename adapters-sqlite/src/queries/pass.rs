@@ -97,7 +97,7 @@ macro_rules! batch_events {
             " FROM task_run WHERE ",
             $where,
             " ORDER BY id; ",
-            events_written!($run)
+            events_written!("task_run_event")
         )
     };
 }
@@ -383,7 +383,7 @@ pub(crate) const FAIL_PENDING: &str = concat!(
     " FROM task_run WHERE ",
     pending_named!(),
     " ORDER BY id; ",
-    events_written!("?2"),
+    events_written!("task_run_event"),
     "; UPDATE task_run SET state = 'failed', error = ?4, needs_pass = 1, finished_at = ",
     now!(),
     " WHERE ",
@@ -477,7 +477,7 @@ pub(crate) const COLLECT_MAP: &str = concat!(
     " FROM task_run WHERE ",
     collectable!(),
     "; ",
-    events_written!("?2"),
+    events_written!("task_run_event"),
     "; UPDATE task_run SET state = 'succeeded', needs_pass = 1, finished_at = ",
     now!(),
     ", result = (SELECT json_group_array(json(c.result) ORDER BY c.map_index) FROM task_run c \
@@ -553,7 +553,7 @@ macro_rules! cancel_call {
             " FROM task_run WHERE ",
             $where,
             " ORDER BY CASE state WHEN 'pending' THEN 0 WHEN 'ready' THEN 1 ELSE 2 END, id; ",
-            events_written!("?2"),
+            events_written!("task_run_event"),
             "; ",
             cancel_rows!($where, $reason),
             "; ",
@@ -629,7 +629,7 @@ pub(crate) const REARM_COMPENSATOR: &str = concat!(
     " FROM ",
     stale_compensator!(),
     "; ",
-    events_written!("?2"),
+    events_written!("task_run_event"),
     "; UPDATE task_run SET state = 'ready', pending_deps = 0, \
      generation = (SELECT generation FROM workflow_run WHERE id = ?2), ",
     reset_set!(),
@@ -664,7 +664,7 @@ pub(crate) const TRANSITION_RUN: &str = concat!(
     " + 1, ",
     current_generation!("?2"),
     " WHERE changes() = 1; ",
-    events_written!("?2"),
+    events_written!("workflow_run_event"),
     "; ",
     activity!()
 );

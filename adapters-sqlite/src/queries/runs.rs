@@ -45,8 +45,8 @@ macro_rules! claim_update {
 #[cfg(test)]
 pub(crate) const CLAIM_UPDATE: &str = claim_update!();
 
-/// claim_task_run's two statements: [`claim_update!`], then its event
-/// when it matched, numbered as [`claim_update!`] numbers them.
+/// claim_task_run's statements: [`claim_update!`], then its event and
+/// its count when it matched, numbered as [`claim_update!`] numbers them.
 macro_rules! claim {
     () => {
         claim!("?2", "?3", "?5", "")
@@ -172,7 +172,7 @@ pub(crate) const FINISH_RETRY: &str = concat!(
      ?4 AS worker, ?5 AS error \
      UNION ALL SELECT 2, 'schedule_retry', 'failed', 'retrying', 0, ?4, NULL) AS e \
      WHERE task_run.id = ?2 AND changes() = 1 ORDER BY e.seq; ",
-    events_written!("(SELECT run_id FROM task_run WHERE id = ?2)"),
+    events_written!("task_run_event"),
     "; ",
     stale_audit!("fail"),
     "; COMMIT"
@@ -266,7 +266,7 @@ macro_rules! generic_event {
             " + 1, ",
             current_generation!("task_run.run_id"),
             " FROM task_run WHERE id = ?2 AND changes() = 1; ",
-            events_written!("(SELECT run_id FROM task_run WHERE id = ?2)")
+            events_written!("task_run_event")
         )
     };
 }
@@ -696,7 +696,7 @@ pub(crate) const RESET_TASKS: &str = concat!(
     ", ",
     last_seq!("?2"),
     " + 1, ?4; ",
-    events_written!("?2"),
+    events_written!("workflow_run_event"),
     "; UPDATE task_run SET state = p.value ->> 't', pending_deps = p.value ->> 'd', generation = ?4, ",
     reset_set!(),
     " FROM json_each(?3) AS p \
@@ -711,7 +711,7 @@ pub(crate) const RESET_TASKS: &str = concat!(
     " + ROW_NUMBER() OVER (ORDER BY tr.id), ?4 FROM ",
     reset_rows!(),
     " ORDER BY tr.id; ",
-    events_written!("?2"),
+    events_written!("task_run_event"),
     "; \
      INSERT INTO outbox (task_run_id, run_id, task_key, task_type, fencing_token, created_at, priority) \
      SELECT tr.id, tr.run_id, tr.task_key, ",

@@ -164,8 +164,8 @@ async fn the_schema_refuses_rows_that_break_an_invariant() {
     refused(
         exec(
             &mut conn,
-            "INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at, seq) \
-             SELECT id, 'rewind', 'failed', 'running', 0, 1000 FROM workflow_run",
+            "INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at, seq, generation) \
+             SELECT id, 'rewind', 'failed', 'running', 0, 1000, 1 FROM workflow_run",
         )
         .await,
         "workflowrunevent_transition_valid",
@@ -206,8 +206,8 @@ async fn the_schema_refuses_rows_that_break_an_invariant() {
     refused(
         exec(
             &mut conn,
-            "INSERT INTO task_run_event (task_run_id, run_id, task_key, transition, attempt, fencing_token, at, seq) \
-             SELECT id, run_id, task_key, 'claim', 1, 0, 0, 1000 FROM task_run WHERE task_key = 'a'",
+            "INSERT INTO task_run_event (task_run_id, run_id, task_key, transition, attempt, fencing_token, at, seq, \
+             generation) SELECT id, run_id, task_key, 'claim', 1, 0, 0, 1000, 1 FROM task_run WHERE task_key = 'a'",
         )
         .await,
         "taskrunevent_states_iff_transition",
@@ -1130,8 +1130,8 @@ async fn the_rebuild_for_checks_as_ors_keeps_every_row_and_still_refuses_bad_one
         ),
         (
             "INSERT INTO task_run_event (task_run_id, run_id, task_key, transition, from_state, to_state, attempt, \
-             fencing_token, at, seq) VALUES (7, '00000000-0000-7000-8000-000000000001', 'a', 'finish', 'pending', \
-             'failed', 1, 0, 2, 3)",
+             fencing_token, at, seq, generation) VALUES (7, '00000000-0000-7000-8000-000000000001', 'a', 'finish', \
+             'pending', 'failed', 1, 0, 2, 3, 1)",
             "taskrunevent_transition_valid",
         ),
     ] {
@@ -1146,8 +1146,8 @@ async fn the_rebuild_for_checks_as_ors_keeps_every_row_and_still_refuses_bad_one
 /// The upgrade after which statements number their events
 /// (docs/design/data-model.md#event-numbers) keeps both event tables' rows
 /// with their ids, numbers and generations, drops the numbering triggers,
-/// refuses an event without its number, and the run's next events follow
-/// on from its last number.
+/// refuses an event without its number or generation, and the run's next
+/// events follow on from its last number.
 #[tokio::test]
 async fn the_rebuild_for_events_numbered_by_their_statements_keeps_the_history_and_goes_on() {
     let (_dir, path, mut conn) = database_before("20261211000001").await;
@@ -1221,8 +1221,14 @@ async fn the_rebuild_for_events_numbered_by_their_statements_keeps_the_history_a
             "NOT NULL constraint failed: workflow_run_event.seq",
         ),
         (
-            "INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at, seq) \
-             VALUES ('00000000-0000-7000-8000-000000000001', 'finish', 'running', 'succeeded', 2, 9)",
+            "INSERT INTO task_run_event (task_run_id, run_id, task_key, transition, from_state, to_state, attempt, \
+             fencing_token, at, seq) VALUES (9, '00000000-0000-7000-8000-000000000001', 'b', 'claim', 'ready', \
+             'running', 1, 1, 2, 9)",
+            "NOT NULL constraint failed: task_run_event.generation",
+        ),
+        (
+            "INSERT INTO workflow_run_event (run_id, transition, from_state, to_state, at, seq, generation) \
+             VALUES ('00000000-0000-7000-8000-000000000001', 'finish', 'running', 'succeeded', 2, 9, 2)",
             "workflowrunevent_transition_valid",
         ),
     ] {
