@@ -716,13 +716,25 @@ async fn an_abandoned_write_is_rolled_back_before_the_next() {
     let w = WorkerId("w".into());
     let mut abandoned = 0;
     for (i, t) in rows.iter().enumerate() {
-        // Polled once (the call is sent), then dropped while SQLite is at a
-        // point that varies with the pause.
+        // The first claim is sent while another connection holds the
+        // file's write lock, so it is certain to be unfinished when it is
+        // dropped, however fast the machine; the others are polled once
+        // (the call is sent), then dropped while SQLite is at a point that
+        // varies with the pause.
+        let mut blocker = None;
+        if i == 0 {
+            let mut conn = raw(&path).await;
+            exec(&mut conn, "BEGIN IMMEDIATE").await.expect("the write lock");
+            blocker = Some(conn);
+        }
         let mut claim = Box::pin(store.claim_task_run(t.id, t.token, &w, Duration::from_secs(300)));
         let first = std::future::poll_fn(|cx| std::task::Poll::Ready(claim.as_mut().poll(cx))).await;
         std::thread::sleep(Duration::from_micros(u64::try_from(i).expect("small") * 15));
         abandoned += usize::from(first.is_pending());
         drop(claim);
+        if let Some(mut conn) = blocker {
+            exec(&mut conn, "COMMIT").await.expect("the lock released");
+        }
     }
     assert!(abandoned > 0, "no write was abandoned");
     let detail = store.get_run(run).await.expect("get_run").expect("exists");
