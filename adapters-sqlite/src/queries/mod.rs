@@ -62,10 +62,9 @@ macro_rules! limit {
 
 /// The columns of an event insert, in the order every event SELECT gives
 /// them. A statement numbers its events itself
-/// (docs/design/data-model.md#event-numbers): `seq` on from
-/// [`last_seq!`], `generation` from [`current_generation!`], and
-/// [`events_written!`] after it (the stale audit and the reaper count
-/// theirs their own way).
+/// (docs/design/data-model.md#event-numbers): `seq` and `generation`
+/// from [`event_number!`], and [`events_written!`] after it (the stale
+/// audit and the reaper count theirs their own way).
 macro_rules! event_insert {
     () => {
         "INSERT INTO task_run_event (task_run_id, run_id, task_key, transition, from_state, to_state, \
@@ -93,6 +92,15 @@ macro_rules! current_generation {
             $run,
             "), 1)"
         )
+    };
+}
+
+/// An event's `seq` and `generation`, in that order: run `$run`'s count
+/// plus `$offset` (1, or a row number for a batch), and its current
+/// generation.
+macro_rules! event_number {
+    ($run:expr, $offset:literal) => {
+        concat!(last_seq!($run), " + ", $offset, ", ", current_generation!($run))
     };
 }
 
@@ -138,9 +146,7 @@ macro_rules! event_if_changed {
             ", ",
             $error,
             ", ",
-            last_seq!("task_run.run_id"),
-            " + 1, ",
-            current_generation!("task_run.run_id"),
+            event_number!("task_run.run_id", "1"),
             " FROM task_run WHERE id = ",
             $id,
             " AND changes() = 1; ",

@@ -164,9 +164,7 @@ pub(crate) const FINISH_RETRY: &str = concat!(
      e.worker, ",
     now!(),
     ", e.error, ",
-    last_seq!("task_run.run_id"),
-    " + e.seq, ",
-    current_generation!("task_run.run_id"),
+    event_number!("task_run.run_id", "e.seq"),
     " FROM task_run, (\
      SELECT 1 AS seq, 'fail' AS transition, 'running' AS from_state, 'failed' AS to_state, 1 AS back, \
      ?4 AS worker, ?5 AS error \
@@ -262,9 +260,7 @@ macro_rules! generic_event {
             "SELECT id, run_id, task_key, ?4, ?3, ?5, attempt, fencing_token, NULL, ",
             now!(),
             ", NULL, ",
-            last_seq!("task_run.run_id"),
-            " + 1, ",
-            current_generation!("task_run.run_id"),
+            event_number!("task_run.run_id", "1"),
             " FROM task_run WHERE id = ?2 AND changes() = 1; ",
             events_written!("task_run_event")
         )
@@ -453,9 +449,10 @@ pub(crate) const REAP: &str = concat!(
      e.to_state, m.attempt + e.bump, m.fencing_token + 1, CASE WHEN e.seq = 1 THEN m.lease_owner END, ",
     now!(),
     ", e.error, ",
-    last_seq!("m.run_id"),
-    " + ROW_NUMBER() OVER (PARTITION BY m.run_id ORDER BY m.pos, e.seq), ",
-    current_generation!("m.run_id"),
+    event_number!(
+        "m.run_id",
+        "ROW_NUMBER() OVER (PARTITION BY m.run_id ORDER BY m.pos, e.seq)"
+    ),
     " FROM (SELECT tr.id, tr.run_id, tr.task_key, tr.attempt, tr.fencing_token, tr.lease_owner, ",
     reap_kind!("tr"),
     " AS k, (SELECT j.key FROM json_each(?2) AS j WHERE j.value ->> 'i' = tr.id) AS pos \
